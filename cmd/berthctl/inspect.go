@@ -1,0 +1,90 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+func init() { subcommands = append(subcommands, checkpointCmd) }
+
+func checkpointCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "checkpoint", Short: "Inspect berth checkpoints"}
+	var output string
+	var verify bool
+	inspect := &cobra.Command{
+		Use:   "inspect DIR",
+		Short: "Show a checkpoint's manifest: container, fingerprint, CRIU statistics, sizes, phases",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := oci.ReadManifest(args[0])
+			if err != nil {
+				return err
+			}
+			if verify {
+				if err := oci.Verify(args[0], m); err != nil {
+					return err
+				}
+			}
+			switch output {
+			case "json":
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(m)
+			case "text", "":
+				printManifest(os.Stdout, m, verify)
+				return nil
+			default:
+				return fmt.Errorf("output format %q: want text or json", output)
+			}
+		},
+	}
+	inspect.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	inspect.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
+	cmd.AddCommand(inspect)
+	return cmd
+}
+
+func printManifest(w io.Writer, m *oci.Manifest, verified bool) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintf(tw, "container\t%s (namespace %s, runtime %s)\n", m.Container.ID, m.Container.Namespace, m.Container.Runtime)
+	fmt.Fprintf(tw, "image\t%s %s\n", m.Container.Image, m.Container.ImageDigest)
+	fmt.Fprintf(tw, "created\t%s\n", m.Created.Format("2006-01-02T15:04:05Z07:00"))
+	fmt.Fprintf(tw, "size\t%s in %d files\n", humanBytes(m.ImageSize), len(m.Files))
+	if verified {
+		fmt.Fprintf(tw, "digests\tverified\n")
+	}
+	fp := m.Fingerprint
+	fmt.Fprintf(tw, "fingerprint\tkernel %s, CRIU %s, runc %s, containerd %s, %s %s, %d CPU flags, %d GPUs\n",
+		fp.Kernel, fp.CRIU, fp.Runc, fp.Containerd, fp.Arch, fp.CPU.Vendor, len(fp.CPU.Flags), len(fp.GPUs))
+	s := m.CRIU
+	fmt.Fprintf(tw, "CRIU dump\tfreezing %.1f ms, frozen %.1f ms, memdump %.1f ms, memwrite %.1f ms\n",
+		us(s.FreezingTimeUs), us(s.FrozenTimeUs), us(s.MemdumpTimeUs), us(s.MemwriteTimeUs))
+	fmt.Fprintf(tw, "CRIU pages\tscanned %d, written %d (%s), skipped (parent) %d\n",
+		s.PagesScanned, s.PagesWritten, humanBytes(int64(s.PagesWritten)*int64(os.Getpagesize())), s.PagesSkippedParent)
+	for _, p := range m.Phases {
+		fmt.Fprintf(tw, "phase %s\t%.1f ms\n", p.Name, p.Ms)
+	}
+}
+
+func us(v uint32) float64 { return float64(v) / 1000 }
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

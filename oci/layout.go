@@ -1,0 +1,32 @@
+package oci
+
+// The layout of a berth checkpoint directory. It follows the layout the kubelet and checkpointctl
+// use for CRI checkpoint archives, so the same tools can read it:
+//
+//	berth.json        the berth manifest (Manifest): fingerprint, CRIU statistics, digest of every other file
+//	checkpoint/       the CRIU image directory (written by runc/CRIU through the shim); it holds its own
+//	                  berth.json written by the shim, covering the CRIU images only
+//	spec.dump         the source container's OCI runtime spec (JSON)
+//	config.dump       the source container's metadata (ContainerInfo as JSON)
+//	rootfs-diff.tar   the changes in the container's writable layer (absent when there are none)
+//	stats-dump        CRIU's dump statistics (protobuf, CRIU's own format)
+//	dump.log          CRIU's dump log
+//
+// A CRIU image directory written by the shim alone (for example by `ctr tasks checkpoint`) carries
+// berth.json at its top and no subdirectories; it is also a valid checkpoint for restore.
+const (
+	// ManifestFile is the file name of the berth manifest, at the top of a checkpoint.
+	ManifestFile = "berth.json"
+	// ImagesDir is the CRIU image directory inside a berth checkpoint directory.
+	ImagesDir = "checkpoint"
+	// SpecFile holds the source container's OCI runtime spec.
+	SpecFile = "spec.dump"
+	// ConfigFile holds the source container's metadata.
+	ConfigFile = "config.dump"
+	// RootfsDiffFile is a tar of the changes in the container's writable layer.
+	RootfsDiffFile = "rootfs-diff.tar"
+	// StatsDumpFile is CRIU's dump statistics file name (in the CRIU work directory).
+	StatsDumpFile = "stats-dump"
+	// DumpLogFile is CRIU's dump log file name (in the CRIU work directory).
+	DumpLogFile = "dump.log"
+)

@@ -1,0 +1,80 @@
+package oci
+
+import (
+	"time"
+
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+// ManifestVersion is the version of the berth manifest format this package writes and reads.
+const ManifestVersion = 1
+
+// Manifest is the berth manifest (berth.json) at the top of a checkpoint. Every path in it is
+// relative to the directory that holds berth.json, slash-separated.
+type Manifest struct {
+	// Version is ManifestVersion of the writer.
+	Version int `json:"version"`
+	// Created is when the checkpoint was taken (UTC).
+	Created time.Time `json:"created"`
+	// Container describes the checkpointed container.
+	Container ContainerInfo `json:"container"`
+	// Fingerprint is the source node's fingerprint at checkpoint time.
+	Fingerprint fingerprint.Fingerprint `json:"fingerprint"`
+	// CRIU holds CRIU's dump statistics, read from its stats-dump file.
+	CRIU CRIUStats `json:"criu"`
+	// ImageSize is the sum of the sizes of Files, in bytes.
+	ImageSize int64 `json:"imageSize"`
+	// Files lists every file of the checkpoint except berth.json itself, sorted by Path.
+	Files []File `json:"files"`
+	// Phases are the durations of the steps that produced the checkpoint, in order.
+	Phases []Phase `json:"phases,omitempty"`
+}
+
+// ContainerInfo is what a checkpoint records about its container (config.dump holds the same).
+type ContainerInfo struct {
+	// ID is the container id on the source node.
+	ID string `json:"id"`
+	// Namespace is the containerd namespace on the source node.
+	Namespace string `json:"namespace,omitempty"`
+	// Image is the image reference the container was created from.
+	Image string `json:"image,omitempty"`
+	// ImageDigest is the digest of that image's manifest ("sha256:<hex>").
+	ImageDigest string `json:"imageDigest,omitempty"`
+	// Runtime is the containerd runtime type (io.containerd.berth.v2).
+	Runtime string `json:"runtime,omitempty"`
+	// SnapshotKey is the source's snapshot key of the writable layer.
+	SnapshotKey string `json:"snapshotKey,omitempty"`
+	// Snapshotter is the source's snapshotter name.
+	Snapshotter string `json:"snapshotter,omitempty"`
+}
+
+// CRIUStats are CRIU's dump statistics, as CRIU writes them to its stats-dump file
+// (DumpStatsEntry in CRIU's stats.proto). Times are in microseconds, as CRIU records them.
+type CRIUStats struct {
+	FreezingTimeUs     uint32 `json:"freezingTimeUs"`
+	FrozenTimeUs       uint32 `json:"frozenTimeUs"`
+	MemdumpTimeUs      uint32 `json:"memdumpTimeUs"`
+	MemwriteTimeUs     uint32 `json:"memwriteTimeUs"`
+	PagesScanned       uint64 `json:"pagesScanned"`
+	PagesSkippedParent uint64 `json:"pagesSkippedParent"`
+	PagesWritten       uint64 `json:"pagesWritten"`
+	PagesLazy          uint64 `json:"pagesLazy,omitempty"`
+}
+
+// File is one file of a checkpoint.
+type File struct {
+	// Path is relative to the checkpoint directory, slash-separated, never absolute or with "..".
+	Path string `json:"path"`
+	// Size is the file's size in bytes.
+	Size int64 `json:"size"`
+	// Digest is "sha256:<hex>" of the file's content.
+	Digest string `json:"digest"`
+}
+
+// Phase is the duration of one step of a checkpoint or a move.
+type Phase struct {
+	// Name is the step ("gpu-lock", "criu-dump", "transfer", ...).
+	Name string `json:"name"`
+	// Ms is the step's wall time in milliseconds.
+	Ms float64 `json:"ms"`
+}

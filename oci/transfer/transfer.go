@@ -1,0 +1,98 @@
+// Package transfer moves a berth checkpoint directory from one node to another over a net.Conn:
+// Send on the source node, Receiver on the destination.
+//
+// Protocol (version "berth-transfer/1"), one connection per checkpoint:
+//
+//  1. sender → receiver: one header line, JSON then "\n":
+//     {"magic":"berth-transfer/1","name":"<name>","totalBytes":<n>,"manifest":"<base64 of berth.json>"}
+//     totalBytes is the exact length of the tar stream that follows, in bytes; manifest is the
+//     checkpoint's berth.json, byte for byte.
+//  2. sender → receiver: the checkpoint as a tar stream (oci/archive), exactly totalBytes long,
+//     berth.json first.
+//  3. receiver → sender: one verdict line, {"ok":true,"path":"<path on the receiver>"} or
+//     {"ok":false,"error":"<why>"}. A receiver that refuses early (bad header, existing name)
+//     answers at once and stops reading; the sender watches for that while it streams.
+//
+// The receiver only ever writes verified checkpoints: it extracts into a staging directory,
+// checks the berth.json it received against the header's and every file against the manifest
+// (oci.Verify), and only then renames the staging directory into place. It never restores
+// anything.
+//
+// There is no authentication and no encryption: the protocol trusts the network. Run it over a
+// trusted network, or hand Send a *tls.Conn and Serve a tls.NewListener.
+//
+// What belongs here: the wire protocol and the receiving side's file handling. What does not:
+// the tar format (oci/archive), manifests and digests (oci), progress display (the CLI: Send only
+// calls a callback), choosing peers or restoring.
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Magic identifies the protocol and its version in the header line.
+const Magic = "berth-transfer/1"
+
+// MaxNameLen is the longest checkpoint name, in bytes. It leaves room, within a file system's
+// 255-byte name limit, for the receiver's staging name (".incoming-<name>-<16 hex>").
+const MaxNameLen = 200
+
+var (
+	// ErrRejected is returned by Send (wrapped, with the receiver's error text) when the
+	// receiver answered {"ok":false}.
+	ErrRejected = errors.New("checkpoint rejected by receiver")
+	// ErrProtocol is returned (wrapped, with the reason) for a malformed header or verdict, a
+	// wrong magic, a stream shorter or longer than announced, or a berth.json in the stream that
+	// differs from the header's.
+	ErrProtocol = errors.New("transfer protocol error")
+	// ErrInvalidName is returned (wrapped, quoting the name) for a checkpoint name that is not a
+	// single, plain path element; see ValidName.
+	ErrInvalidName = errors.New("invalid checkpoint name")
+	// ErrExists is returned by the receiver (wrapped, naming the path) when a checkpoint of that
+	// name exists under its Root, or is being received on another connection.
+	ErrExists = errors.New("checkpoint already exists")
+)
+
+// header is the protocol's first line.
+type header struct {
+	Magic string `json:"magic"`
+	Name  string `json:"name"`
+	// TotalBytes is the exact length of the tar stream, in bytes.
+	TotalBytes int64 `json:"totalBytes"`
+	// Manifest is berth.json's exact content (base64 in JSON).
+	Manifest []byte `json:"manifest"`
+}
+
+// verdict is the receiver's answer line.
+type verdict struct {
+	OK    bool   `json:"ok"`
+	Path  string `json:"path,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// ValidName checks a checkpoint name: 1 to MaxNameLen bytes of [A-Za-z0-9._-], not starting with
+// "." (so neither "." nor ".." nor a hidden or staging name), and without "..". Such a name is a
+// single path element on every system.
+//
+// Errors: ErrInvalidName, wrapped with the quoted name and the rule it breaks.
+func ValidName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: empty", ErrInvalidName)
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalidName, name, MaxNameLen)
+	case name[0] == '.':
+		return fmt.Errorf("%w: %q starts with \".\"", ErrInvalidName, name)
+	case strings.Contains(name, ".."):
+		return fmt.Errorf("%w: %q contains \"..\"", ErrInvalidName, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q contains %q (allowed: A-Z a-z 0-9 . _ -)", ErrInvalidName, name, c)
+		}
+	}
+	return nil
+}

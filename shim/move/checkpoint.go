@@ -1,0 +1,220 @@
+package move
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/diff"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/rootfs"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+// CheckpointOptions say what to checkpoint and where.
+type CheckpointOptions struct {
+	// Namespace and ID name the container on the source containerd.
+	Namespace, ID string
+	// Dir is the checkpoint directory to create; it must not exist.
+	Dir string
+	// Exit makes CRIU end the task after the dump (ctr's --exit). Without it the task stays
+	// paused when Checkpoint returns, so the caller decides: Resume it (leave-running, or the move
+	// failed) or stop it (the destination restore succeeded).
+	Exit bool
+}
+
+// Source is a checkpointed container on the source node.
+type Source struct {
+	// Task is the source task, paused (nil when Exit was set).
+	Task containerd.Task
+	// Manifest is the checkpoint's berth manifest, as written to Dir/berth.json.
+	Manifest *oci.Manifest
+	// Dir is the checkpoint directory.
+	Dir string
+}
+
+// Resume thaws a paused source task (leave-running, or a failed move).
+func (s *Source) Resume(ctx context.Context) error {
+	if s.Task == nil {
+		return nil
+	}
+	return s.Task.Resume(ctx)
+}
+
+// Checkpoint pauses the container's task, has berth's shim dump it with CRIU into Dir/checkpoint
+// (no content store), saves the writable layer's changes as Dir/rootfs-diff.tar, the spec and the
+// container's metadata, and writes Dir/berth.json covering every file. On error the task is
+// resumed and Dir removed: the container keeps running exactly as before. Errors: the container
+// or task is missing (errdefs.ErrNotFound), the task is not running (errdefs.ErrFailedPrecondition,
+// naming its status), and the shim's or CRIU's error.
+func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) (_ *Source, retErr error) {
+	ctx = namespaces.WithNamespace(ctx, o.Namespace)
+	var phases []oci.Phase
+	t0 := time.Now()
+	phase := func(name string) {
+		now := time.Now()
+		phases = append(phases, oci.Phase{Name: name, Ms: float64(now.Sub(t0).Microseconds()) / 1000})
+		t0 = now
+	}
+	ctr, err := c.LoadContainer(ctx, o.ID)
+	if err != nil {
+		return nil, fmt.Errorf("container %s in namespace %s: %w", o.ID, o.Namespace, err)
+	}
+	info, err := ctr.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("container %s has no task: %w", o.ID, err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != containerd.Running {
+		return nil, fmt.Errorf("checkpoint %s: task is %s, not running: %w", o.ID, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	var imageDigest string
+	if info.Image != "" {
+		if img, err := c.GetImage(ctx, info.Image); err == nil {
+			imageDigest = img.Target().Digest.String()
+		}
+	}
+	if _, err := os.Stat(o.Dir); err == nil {
+		return nil, fmt.Errorf("checkpoint directory %s already exists: %w", o.Dir, errdefs.ErrAlreadyExists)
+	}
+	images := filepath.Join(o.Dir, oci.ImagesDir)
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(o.Dir)
+		}
+	}()
+	if err := task.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("pause %s: %w", o.ID, err)
+	}
+	defer func() {
+		if retErr != nil && !o.Exit {
+			if err := task.Resume(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Error("resume source task after failed checkpoint")
+			}
+		}
+	}()
+	phase("pause")
+
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
+		Exit: o.Exit, ImagePath: images, WorkPath: o.Dir,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: o.ID, Options: opts}); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, errgrpc.ToNative(err))
+	}
+	phase("criu-dump")
+
+	if info.SnapshotKey != "" {
+		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, oci.RootfsDiffFile)); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: rootfs diff: %w", o.ID, err)
+		}
+	}
+	phase("rootfs-diff")
+
+	inner, err := oci.ReadManifest(images)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: the shim wrote no berth manifest (is the container's runtime io.containerd.berth.v2? it is %s): %w", o.ID, info.Runtime.Name, err)
+	}
+	cinfo := oci.ContainerInfo{
+		ID: o.ID, Namespace: o.Namespace, Image: info.Image, ImageDigest: imageDigest,
+		Runtime: info.Runtime.Name, SnapshotKey: info.SnapshotKey, Snapshotter: info.Snapshotter,
+	}
+	if err := writeJSON(filepath.Join(o.Dir, oci.ConfigFile), cinfo); err != nil {
+		return nil, err
+	}
+	var spec json.RawMessage
+	if info.Spec != nil {
+		spec = info.Spec.GetValue()
+	}
+	if err := os.WriteFile(filepath.Join(o.Dir, oci.SpecFile), spec, 0o600); err != nil {
+		return nil, err
+	}
+	m := &oci.Manifest{
+		Version:     oci.ManifestVersion,
+		Created:     time.Now().UTC(),
+		Container:   cinfo,
+		Fingerprint: inner.Fingerprint,
+		CRIU:        inner.CRIU,
+	}
+	m.Fingerprint.ImageDigest = imageDigest
+	m.Phases = append(phases, inner.Phases...)
+	if err := oci.WriteManifest(o.Dir, m); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+	}
+	src := &Source{Task: task, Manifest: m, Dir: o.Dir}
+	if o.Exit {
+		src.Task = nil
+	}
+	return src, nil
+}
+
+// writeRootfsDiff writes the changes of the container's writable snapshot as an uncompressed tar.
+func writeRootfsDiff(ctx context.Context, c *containerd.Client, snapshotter, key, path string) error {
+	ctx, done, err := c.WithLease(ctx)
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	desc, err := rootfs.CreateDiff(ctx, key, c.SnapshotService(snapshotter), c.DiffService(),
+		diff.WithMediaType(ocispec.MediaTypeImageLayer), diff.WithReference("berth-rootfs-diff-"+key))
+	if err != nil {
+		return err
+	}
+	ra, err := c.ContentStore().ReaderAt(ctx, desc)
+	if err != nil {
+		return err
+	}
+	defer ra.Close()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, content.NewReader(ra)); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := c.ContentStore().Delete(ctx, desc.Digest); err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).Debug("remove rootfs diff blob")
+	}
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

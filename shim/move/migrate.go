@@ -1,0 +1,124 @@
+package move
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/log"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+// MigrateOptions describe one move of a running container between two containerd nodes.
+type MigrateOptions struct {
+	// Src and Dst are clients of the source and destination containerd.
+	Src, Dst *containerd.Client
+	// Namespace is the containerd namespace on both nodes; ID the source container; TargetID the
+	// id on the destination (default ID).
+	Namespace, ID, TargetID string
+	// WorkDir is the checkpoint directory to create on the source side; it is removed after a
+	// successful move unless KeepLocal is set.
+	WorkDir   string
+	KeepLocal bool
+	// Name is the checkpoint's name in the destination's checkpoint root (the restore-from ref).
+	Name string
+	// Send transfers the checkpoint directory to the destination's receiver under Name, returning
+	// the number of bytes sent (oci/transfer.Send over a connection to `berthctl receive`).
+	Send func(ctx context.Context, dir, name string) (int64, error)
+	// LeaveRunning keeps the source running after the move; otherwise it is stopped once the
+	// destination restore succeeded.
+	LeaveRunning bool
+	// LogPath receives the restored task's output on the destination ("" discards it).
+	LogPath string
+}
+
+// MigrateResult reports a move.
+type MigrateResult struct {
+	// Manifest is the checkpoint's manifest (fingerprint, CRIU statistics, files).
+	Manifest *oci.Manifest
+	// Bytes is what was sent to the destination, in bytes.
+	Bytes int64
+	// Phases are the wall times of checkpoint, transfer, restore and stop-source, in order.
+	Phases []oci.Phase
+}
+
+// Migrate checkpoints the source container (paused while it is dumped and moved, so it cannot
+// diverge), sends the checkpoint to the destination, restores it there with berth's runtime, and
+// only then stops the source (or resumes it with LeaveRunning). On any error before the restore
+// succeeded, the source is resumed and keeps running, and the destination holds no container;
+// a checkpoint already received stays in the destination's root, intact.
+func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr error) {
+	if o.TargetID == "" {
+		o.TargetID = o.ID
+	}
+	ctx = namespaces.WithNamespace(ctx, o.Namespace)
+	res := &MigrateResult{}
+	t := time.Now()
+	phase := func(name string) {
+		res.Phases = append(res.Phases, oci.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
+		t = time.Now()
+	}
+	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir})
+	if err != nil {
+		return nil, err
+	}
+	res.Manifest = src.Manifest
+	phase("checkpoint")
+	defer func() {
+		if retErr != nil {
+			if err := src.Resume(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Error("resume source after failed move")
+			}
+		}
+	}()
+	if res.Bytes, err = o.Send(ctx, o.WorkDir, o.Name); err != nil {
+		return nil, fmt.Errorf("send checkpoint to the destination: %w", err)
+	}
+	phase("transfer")
+	if _, err := Restore(ctx, o.Dst, RestoreOptions{
+		Namespace: o.Namespace, ID: o.TargetID, Ref: o.Name, Dir: o.WorkDir, LogPath: o.LogPath,
+	}); err != nil {
+		return nil, err
+	}
+	phase("restore")
+	if o.LeaveRunning {
+		if err := src.Resume(ctx); err != nil {
+			return res, fmt.Errorf("restored on the destination, but resuming the source failed: %w", err)
+		}
+		phase("resume-source")
+	} else {
+		if err := stopTask(ctx, o.Namespace, src.Task); err != nil {
+			return res, fmt.Errorf("restored on the destination, but stopping the source failed: %w", err)
+		}
+		phase("stop-source")
+	}
+	if !o.KeepLocal {
+		os.RemoveAll(o.WorkDir)
+	}
+	return res, nil
+}
+
+// stopTask kills a (paused) task and deletes it; the container record stays.
+func stopTask(ctx context.Context, ns string, task containerd.Task) error {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	ch, err := task.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if err := task.Kill(ctx, syscall.SIGKILL); err != nil {
+		return err
+	}
+	_ = task.Resume(ctx) // a frozen task dies only once thawed
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("source task %s did not exit 10s after SIGKILL", task.ID())
+	}
+	_, err = task.Delete(ctx)
+	return err
+}

@@ -1,0 +1,326 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/api/types/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+// annotationCRIUConfig is runc's annotation naming the CRIU configuration file for a container.
+const annotationCRIUConfig = "org.criu.config"
+
+// criuConfigName is the file the shim writes into each bundle and points org.criu.config at.
+const criuConfigName = "berth-criu.conf"
+
+// Deps are the shim's outside dependencies, passed in so tests can replace them.
+type Deps struct {
+	// Fingerprint returns this node's fingerprint (fingerprint.Collect with real probes).
+	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
+	// DumpStats reads CRIU's stats-dump from a CRIU work directory (criu.ReadDumpStats).
+	DumpStats func(workDir string) (oci.CRIUStats, error)
+	// Now is the clock.
+	Now func() time.Time
+}
+
+// Service is the berth task service: runc's task service with berth's checkpoint and restore.
+// Every method it does not define is runc's, unchanged.
+type Service struct {
+	taskAPI.TTRPCTaskService
+
+	cfg  Config
+	deps Deps
+
+	mu    sync.Mutex
+	plans map[string]*restorePlan // task id -> checkpoint it is restored from, until Start returns
+	// ownNetns holds the ids of tasks created from a checkpoint whose network namespace runc
+	// creates (no path in the spec): Start sets their loopback up after CRIU restored them.
+	ownNetns map[string]bool
+}
+
+// NewService wraps inner (containerd's runc task service) with berth's steps.
+func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service {
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, plans: map[string]*restorePlan{}, ownNetns: map[string]bool{}}
+}
+
+// RegisterTTRPC registers the wrapper (not the inner service) as the task service.
+func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+// Create creates the task. A spec with berth.dev/restore-from, or a request whose checkpoint
+// directory (from containerd) carries a berth manifest, is validated first: resolved inside the
+// checkpoint root, digests verified, fingerprint compared. Nothing is created when validation
+// fails; the error names the cause (errdefs.ErrInvalidArgument, ErrFailedPrecondition or
+// ErrNotFound classes).
+func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	plan, err := s.prepareRestore(ctx, r, spec)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+	}
+	defer func() {
+		if retErr != nil && plan != nil {
+			plan.cleanup()
+		}
+	}()
+	if err := s.writeCRIUConfig(r.Bundle, spec); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if plan != nil {
+		r.Checkpoint = plan.imagesDir
+	}
+	resp, err := s.TTRPCTaskService.Create(ctx, r)
+	if err != nil {
+		return resp, err
+	}
+	if r.Checkpoint != "" && ownsNetns(spec) {
+		s.mu.Lock()
+		s.ownNetns[r.ID] = true
+		s.mu.Unlock()
+	}
+	if plan == nil {
+		return resp, nil
+	}
+	defer func() {
+		if retErr != nil {
+			// nothing half-created: remove the task runc created from the checkpoint
+			if _, derr := s.TTRPCTaskService.Delete(ctx, &taskAPI.DeleteRequest{ID: r.ID}); derr != nil {
+				log.G(ctx).WithError(derr).Warn("remove task after failed restore preparation")
+			}
+		}
+	}()
+	if err := plan.applyRootfsDiff(ctx, filepath.Join(r.Bundle, "rootfs")); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+	}
+	s.mu.Lock()
+	s.plans[r.ID] = plan
+	s.mu.Unlock()
+	log.G(ctx).WithField("checkpoint", plan.dir).Info("task created from berth checkpoint; Start restores it with CRIU")
+	return resp, nil
+}
+
+// Start starts the task; a task created from a berth checkpoint is restored by CRIU here (runc
+// restore). An archive extracted for the restore is removed once Start returns.
+func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	if r.ExecID != "" {
+		return s.TTRPCTaskService.Start(ctx, r)
+	}
+	s.mu.Lock()
+	plan, netns := s.plans[r.ID], s.ownNetns[r.ID]
+	delete(s.plans, r.ID)
+	delete(s.ownNetns, r.ID)
+	s.mu.Unlock()
+	if plan != nil {
+		defer plan.cleanup()
+	}
+	start := s.deps.Now()
+	resp, err := s.TTRPCTaskService.Start(ctx, r)
+	if err != nil || (plan == nil && !netns) {
+		return resp, err
+	}
+	if netns {
+		if err := loopbackUp(int(resp.Pid)); err != nil {
+			log.G(ctx).WithError(err).Warn("restored task's loopback stays down")
+		}
+	}
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore_ms": ms(s.deps.Now().Sub(start))}).Info("restored with CRIU")
+	return resp, nil
+}
+
+// ownsNetns reports whether the spec gives the container a network namespace of its own that
+// runc creates (type network without a path).
+func ownsNetns(spec *specs.Spec) bool {
+	if spec.Linux == nil {
+		return false
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path == ""
+		}
+	}
+	return false
+}
+
+// Delete deletes the task or exec, and forgets a restore that never started.
+func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	if r.ExecID == "" {
+		s.mu.Lock()
+		plan := s.plans[r.ID]
+		delete(s.plans, r.ID)
+		delete(s.ownNetns, r.ID)
+		s.mu.Unlock()
+		if plan != nil {
+			plan.cleanup()
+		}
+	}
+	return s.TTRPCTaskService.Delete(ctx, r)
+}
+
+// Checkpoint dumps the task with runc/CRIU into r.Path and writes the berth manifest there. The
+// task must be running or paused (containerd pauses it first); otherwise the error is of class
+// errdefs.ErrFailedPrecondition and names the status. When the caller gives no CRIU work
+// directory, the shim uses its own beside the bundle and removes it afterwards.
+func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
+	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != task.Status_RUNNING && st.Status != task.Status_PAUSED {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: task is %s, not running: %w",
+			r.ID, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition))
+	}
+	if r.Path == "" {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: no image path given: %w", r.ID, errdefs.ErrInvalidArgument))
+	}
+	opts := &options.CheckpointOptions{}
+	if r.Options != nil && r.Options.GetValue() != nil {
+		if err := typeurl.UnmarshalTo(r.Options, opts); err != nil {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: options: %w", r.ID, err))
+		}
+	}
+	workDir := opts.WorkPath
+	if workDir == "" {
+		workDir = filepath.Join(st.Bundle, "berth-criu-work")
+		if err := os.MkdirAll(workDir, 0o700); err != nil {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: %w", r.ID, err))
+		}
+		defer os.RemoveAll(workDir)
+		opts.WorkPath = workDir
+		anyOpts, err := typeurl.MarshalAnyToProto(opts)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		r.Options = anyOpts
+	}
+
+	start := s.deps.Now()
+	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		if tail := criuErrors(filepath.Join(workDir, oci.DumpLogFile), 4); tail != "" {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU says: %s", errgrpc.ToNative(err), tail))
+		}
+		return nil, err
+	}
+	dumped := s.deps.Now()
+	m := &oci.Manifest{
+		Version: oci.ManifestVersion,
+		Created: start.UTC(),
+		Container: oci.ContainerInfo{
+			ID:      r.ID,
+			Runtime: RuntimeName,
+		},
+		Phases: []oci.Phase{{Name: "criu-dump", Ms: ms(dumped.Sub(start))}},
+	}
+	if stats, err := s.deps.DumpStats(workDir); err != nil {
+		log.G(ctx).WithError(err).Warn("no CRIU dump statistics")
+	} else {
+		m.CRIU = stats
+	}
+	if fp, err := s.deps.Fingerprint(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: fingerprint: %w", r.ID, err))
+	} else {
+		m.Fingerprint = fp
+	}
+	m.Phases = append(m.Phases, oci.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
+	t := s.deps.Now()
+	if err := oci.WriteManifest(r.Path, m); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: write manifest: %w", r.ID, err))
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"path": r.Path, "bytes": m.ImageSize, "criu_ms": ms(dumped.Sub(start)), "manifest_ms": ms(s.deps.Now().Sub(t)),
+	}).Info("checkpoint written")
+	return &ptypes.Empty{}, nil
+}
+
+// writeCRIUConfig writes the bundle's CRIU configuration file and points runc at it through the
+// org.criu.config annotation in config.json, unless the spec already names another file.
+func (s *Service) writeCRIUConfig(bundle string, spec *specs.Spec) error {
+	path := filepath.Join(bundle, criuConfigName)
+	if cur, ok := spec.Annotations[annotationCRIUConfig]; ok && filepath.Base(cur) != criuConfigName {
+		return nil // the user chose their own CRIU configuration
+	}
+	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		return fmt.Errorf("write CRIU config: %w", err)
+	}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	if spec.Annotations[annotationCRIUConfig] == path {
+		return nil
+	}
+	spec.Annotations[annotationCRIUConfig] = path
+	return writeSpec(bundle, spec)
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read bundle spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), withClass(err, errdefs.ErrInvalidArgument))
+	}
+	return &spec, nil
+}
+
+func writeSpec(bundle string, spec *specs.Spec) error {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(bundle, "config.json")
+	tmp := p + ".berth"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write bundle spec: %w", err)
+	}
+	return os.Rename(tmp, p)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// criuErrors returns the last n error lines of a CRIU log, joined with " | ", or "".
+func criuErrors(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > n {
+		errs = errs[len(errs)-n:]
+	}
+	return strings.Join(errs, " | ")
+}

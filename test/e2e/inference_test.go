@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/test/scenario"
+)
+
+// TestMigrateInferenceMidStream moves the inference workload between nodes while sessions stream,
+// and checks that every session continues with exactly the tokens of an uninterrupted run, that
+// nothing was prefilled again, and that the source was stopped only after the restore.
+func TestMigrateInferenceMidStream(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	rep, err := scenario.MoveInference(ctx, c, src, dst, scenario.InferenceOptions{
+		ID: "infer-e2e", WeightsMiB: 64, Sessions: 3, Tokens: 120, MoveAfter: 30, DelayMs: 15, Out: os.Stderr,
+	})
+	t.Cleanup(func() {
+		_ = src.Remove(context.Background(), "infer-e2e")
+		_ = dst.Remove(context.Background(), "infer-e2e-moved")
+	})
+	if err != nil {
+		if os.Getenv("BERTH_E2E_KEEP") != "" {
+			t.Logf("keeping containers 60s for inspection (dest pid %d)", rep.DestPID)
+			time.Sleep(60 * time.Second)
+		}
+		t.Fatal(err)
+	}
+	for i := range rep.Streams {
+		if len(rep.Streams[i]) != len(rep.Reference[i]) {
+			t.Errorf("session %d: got %d tokens, want %d", i, len(rep.Streams[i]), len(rep.Reference[i]))
+			continue
+		}
+		for j := range rep.Streams[i] {
+			if rep.Streams[i][j] != rep.Reference[i][j] {
+				t.Errorf("session %d: token %d is %q, an uninterrupted run emits %q", i, j, rep.Streams[i][j], rep.Reference[i][j])
+				break
+			}
+		}
+	}
+	if rep.PrefillsAfter != rep.PrefillsBefore {
+		t.Errorf("destination counts %d prefills, the source had %d: context was recomputed", rep.PrefillsAfter, rep.PrefillsBefore)
+	}
+	if rep.WeightsChecksumAfter != rep.WeightsChecksumBefore {
+		t.Errorf("weights checksum %s after the move, %s before", rep.WeightsChecksumAfter, rep.WeightsChecksumBefore)
+	}
+	if rep.SourceStatus != "" {
+		t.Errorf("source task still exists (%s) after a move without --leave-running", rep.SourceStatus)
+	}
+	t.Logf("migrate took %v:\n%s", rep.MigrateWall, rep.MigrateOutput)
+}

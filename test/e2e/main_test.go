@@ -1,0 +1,66 @@
+// Package e2e holds berth's end-to-end tests and benchmarks on the real stack: two local
+// containerd v2.4 nodes with runc, CRIU and berth's shim, images built locally.
+//
+// They need root and the stack (`make deps`). Without them they skip, except under CI=true,
+// where a missing prerequisite fails the run: CI must run every tier this machine can run.
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/berth-dev/berth/test/node"
+)
+
+var cluster *node.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if err := node.Require(); err != nil {
+		if os.Getenv("CI") != "" {
+			fmt.Fprintln(os.Stderr, "e2e: CI=true but", err)
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "e2e: skipping:", err)
+		return m.Run() // every test skips through needCluster
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "berth-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if os.Getenv("BERTH_E2E_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		fmt.Fprintln(os.Stderr, "e2e: keeping", dir)
+	}
+	ctx := context.Background()
+	cluster, err = node.StartCluster(ctx, dir, 2)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
+		return 1
+	}
+	code := m.Run()
+	if os.Getenv("BERTH_E2E_KEEP") == "" || code == 0 {
+		cluster.Stop(ctx)
+	}
+	return code
+}
+
+func needCluster(t testing.TB) *node.Cluster {
+	t.Helper()
+	if cluster == nil {
+		err := node.Require()
+		if err == nil {
+			err = errors.New("cluster did not start")
+		}
+		t.Skip(err)
+	}
+	return cluster
+}
