@@ -128,7 +128,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if _, err := c.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: o.ID, Options: opts}); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, errgrpc.ToNative(err))
 	}
-	phase("criu-dump")
+	phase("shim-checkpoint")
 
 	if info.SnapshotKey != "" {
 		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, oci.RootfsDiffFile)); err != nil {
@@ -163,7 +163,10 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		CRIU:        inner.CRIU,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
-	m.Phases = append(phases, inner.Phases...)
+	m.Phases = phases
+	for _, p := range inner.Phases {
+		m.Phases = append(m.Phases, oci.Phase{Name: "shim/" + p.Name, Ms: p.Ms})
+	}
 	if err := oci.WriteManifest(o.Dir, m); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
