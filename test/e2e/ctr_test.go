@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/test/image"
+	"github.com/berth-dev/berth/test/node"
+	"github.com/berth-dev/berth/test/workload/client"
+	"github.com/berth-dev/berth/test/workload/model"
+)
+
+// TestCtrCheckpointRestore checks containerd's own path through berth's shim: ctr containers
+// checkpoint on node1 (the shim writes berth.json into the checkpoint), export, import on node2,
+// ctr containers restore (the shim verifies the manifest and the fingerprint), and the
+// workload's session is still there, not prefilled again.
+func TestCtrCheckpointRestore(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	const id, rid, ref = "ctr-e2e", "ctr-e2e-restored", "localhost/berth/ckpt/ctr-e2e:1"
+	tar := filepath.Join(src.Dir, "ctr-e2e-ckpt.tar")
+	ns := []string{"-n", node.Namespace}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = src.Remove(bg, id)
+		_ = dst.Remove(bg, rid)
+		_, _ = src.Ctr(bg, append(ns, "images", "rm", ref)...)
+		_, _ = dst.Ctr(bg, append(ns, "images", "rm", ref)...)
+	})
+	if _, err := src.Ctr(ctx, append(ns, "run", "-d", "--null-io", "--runtime", "io.containerd.berth.v2", image.WorkloadRef, id,
+		image.WorkloadBinary, "-listen", "127.0.0.1:8080", "-weights-mib", "16", "-delay-ms", "0")...); err != nil {
+		t.Fatal(err)
+	}
+	pid, _, err := src.TaskPID(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(int(pid))}
+	if err := client.WaitReady(ctx, tgt, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	first, err := client.Stream(ctx, tgt, client.Request{Session: "c1", Prompt: "hello", N: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if out, err := src.Ctr(ctx, append(ns, "containers", "checkpoint", "--task", "--rw", "--image", id, ref)...); err != nil {
+		t.Fatalf("ctr containers checkpoint: %v %s", err, out)
+	}
+	// The spec keeps the source's cgroup path, which the two local nodes share: stop the source
+	// first, as the node it ran on would be gone in a real move.
+	if err := src.Remove(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Ctr(ctx, append(ns, "images", "export", "--skip-manifest-json", tar, ref)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.Ctr(ctx, append(ns, "images", "import", tar)...); err != nil {
+		t.Fatal(err)
+	}
+	out, err := dst.Ctr(ctx, append(ns, "containers", "restore", "--live", "--rw", rid, ref)...)
+	if err != nil {
+		t.Fatalf("ctr containers restore through berth's shim: %v %s", err, out)
+	}
+	rpid, st, err := dst.TaskPID(ctx, rid)
+	if err != nil || st != "running" {
+		t.Fatalf("restored task: %q %v", st, err)
+	}
+	rt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(int(rpid))}
+	rest, err := client.Stream(ctx, rt, client.Request{Session: "c1", N: 80, From: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := client.Stats(ctx, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Prefills != 1 {
+		t.Errorf("restored workload counts %d prefills, want 1 (the session's, from before the checkpoint)", stats.Prefills)
+	}
+	toks, err := model.Reference(model.Config{WeightsMiB: 16, Seed: 1}, "hello", 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := model.Words(toks)
+	if got := strings.Join(append(first, rest...), " "); got != strings.Join(want, " ") {
+		t.Errorf("session across ctr checkpoint/restore:\n got %s\nwant %s", got, strings.Join(want, " "))
+	}
+}
