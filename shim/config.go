@@ -56,6 +56,10 @@ func LoadConfig(path string) (Config, error) {
 	dec := toml.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return cfg, fmt.Errorf("parse shim config %s: unknown keys:\n%s: %w", path, strict.String(), err)
+		}
 		return cfg, fmt.Errorf("parse shim config %s: %w", path, err)
 	}
 	if err := cfg.Validate(); err != nil {

@@ -1,0 +1,194 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-dev/berth/oci"
+	berthArchive "github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+var nodeFP = fingerprint.Fingerprint{Version: 1, Kernel: "6.18.0", Arch: "amd64", CRIU: "4.2.1", Runc: "1.5.3", Containerd: "2.4.2",
+	CPU: fingerprint.CPU{Vendor: "AuthenticAMD", Flags: []string{"avx2", "sse4_2"}}}
+
+// writeCheckpoint makes a valid berth checkpoint directory root/name taken on fp.
+func writeCheckpoint(t *testing.T, root, name string, fp fingerprint.Fingerprint) string {
+	t.Helper()
+	dir := filepath.Join(root, name)
+	if err := os.MkdirAll(filepath.Join(dir, oci.ImagesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for p, body := range map[string]string{"checkpoint/pages-1.img": strings.Repeat("x", 4096), "checkpoint/core-1.img": "core", oci.SpecFile: "{}"} {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := oci.WriteManifest(dir, &oci.Manifest{Fingerprint: fp, Container: oci.ContainerInfo{ID: "c"}}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestPrepareRestore(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	good := writeCheckpoint(t, root, "good", nodeFP)
+	other := nodeFP
+	other.Kernel = "5.10.0"
+	writeCheckpoint(t, root, "otherkernel", other)
+	tampered := writeCheckpoint(t, root, "tampered", nodeFP)
+	if err := os.WriteFile(filepath.Join(tampered, "checkpoint/core-1.img"), []byte("CORE"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeCheckpoint(t, outside, "elsewhere", nodeFP)
+	if err := os.Symlink(filepath.Join(outside, "elsewhere"), filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, Deps{
+		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
+	})
+	tests := []struct {
+		name, ref, checkpoint string
+		wantImages            string
+		wantErr               []string
+		class                 error
+	}{
+		{name: "fresh start", wantImages: ""},
+		{name: "relative ref", ref: "good", wantImages: filepath.Join(good, oci.ImagesDir)},
+		{name: "absolute ref inside root", ref: good, wantImages: filepath.Join(good, oci.ImagesDir)},
+		{name: "dot-dot", ref: "good/../good", wantErr: []string{`"good/../good"`}, class: errdefs.ErrInvalidArgument},
+		{name: "outside root", ref: filepath.Join(outside, "elsewhere"), wantErr: []string{"elsewhere"}, class: errdefs.ErrInvalidArgument},
+		{name: "symlink escape", ref: "link", wantErr: []string{`"link"`}, class: errdefs.ErrInvalidArgument},
+		{name: "missing", ref: "nope", wantErr: []string{"nope"}, class: errdefs.ErrNotFound},
+		{name: "tampered", ref: "tampered", wantErr: []string{"core-1.img", "digest mismatch"}, class: errdefs.ErrFailedPrecondition},
+		{name: "fingerprint", ref: "otherkernel", wantErr: []string{"kernel", "5.10.0", "6.18.0"}, class: errdefs.ErrFailedPrecondition},
+		{name: "annotation and containerd checkpoint", ref: "good", checkpoint: good, wantErr: []string{"both given"}, class: errdefs.ErrInvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &specs.Spec{Annotations: map[string]string{}}
+			if tc.ref != "" {
+				spec.Annotations[oci.AnnotationRestoreFrom] = tc.ref
+			}
+			plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "t", Checkpoint: tc.checkpoint}, spec)
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("no error, want one naming %v", tc.wantErr)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				if !errors.Is(err, tc.class) {
+					t.Errorf("error %q is not of class %v", err, tc.class)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			if plan != nil {
+				got = plan.imagesDir
+			}
+			if got != tc.wantImages {
+				t.Errorf("images dir %q, want %q", got, tc.wantImages)
+			}
+		})
+	}
+}
+
+func TestPrepareRestoreArchive(t *testing.T) {
+	root := t.TempDir()
+	dir := writeCheckpoint(t, t.TempDir(), "src", nodeFP)
+	f, err := os.Create(filepath.Join(root, "ck.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := berthArchive.Write(f, dir); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, Deps{
+		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
+	})
+	plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "t"},
+		&specs.Spec{Annotations: map[string]string{oci.AnnotationRestoreFrom: "ck.tar"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(plan.imagesDir, "pages-1.img")); err != nil {
+		t.Fatalf("archive not extracted: %v", err)
+	}
+	plan.cleanup()
+	if _, err := os.Stat(plan.extracted); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("extracted directory %s left after cleanup: %v", plan.extracted, err)
+	}
+}
+
+func TestOwnsNetns(t *testing.T) {
+	for _, tc := range []struct {
+		ns   []specs.LinuxNamespace
+		want bool
+	}{
+		{nil, false},
+		{[]specs.LinuxNamespace{{Type: specs.PIDNamespace}}, false},
+		{[]specs.LinuxNamespace{{Type: specs.NetworkNamespace}}, true},
+		{[]specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/x"}}, false},
+	} {
+		if got := ownsNetns(&specs.Spec{Linux: &specs.Linux{Namespaces: tc.ns}}); got != tc.want {
+			t.Errorf("ownsNetns(%v) = %v, want %v", tc.ns, got, tc.want)
+		}
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "shim.toml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if cfg, err := LoadConfig(filepath.Join(dir, "missing.toml")); err != nil || cfg.CheckpointRoot != DefaultConfig().CheckpointRoot {
+		t.Errorf("missing file: %+v %v", cfg, err)
+	}
+	for _, tc := range []struct{ body, wantErr string }{
+		{`checkpoint_root = "/srv/ck"`, ""},
+		{`checkpoint_root = "relative"`, `checkpoint_root "relative"`},
+		{`max_archive_bytes = -1`, "max_archive_bytes -1"},
+		{`unknown_key = 1`, "unknown_key"},
+		{`checkpoint_root = `, "parse shim config"},
+	} {
+		_, err := LoadConfig(write(tc.body))
+		if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("%q: error %v, want one containing %q", tc.body, err, tc.wantErr)
+		}
+	}
+}
+
+func TestCRIUErrors(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "dump.log")
+	log := "(00.1) ok\n(00.2) Error (criu/sk-inet.c:137): inet: Unsupported proto 262\n(00.3) fine\n(00.4) Error (criu/cr-dump.c:1975): Dumping FAILED.\n"
+	if err := os.WriteFile(p, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := criuErrors(p, 4)
+	if !strings.Contains(got, "Unsupported proto 262") || !strings.Contains(got, "Dumping FAILED") || strings.Contains(got, "fine") {
+		t.Errorf("criuErrors = %q", got)
+	}
+	if criuErrors(filepath.Join(t.TempDir(), "none"), 4) != "" {
+		t.Error("missing log gives text")
+	}
+}
