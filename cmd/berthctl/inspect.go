@@ -2,7 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"fmt"
+	"github.com/berth-dev/berth/shim/move"
 	"io"
 	"os"
 	"text/tabwriter"
@@ -47,7 +53,40 @@ func checkpointCmd() *cobra.Command {
 	}
 	inspect.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	inspect.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
-	cmd.AddCommand(inspect)
+	cmd.AddCommand(inspect, checkpointCreateCmd())
+	return cmd
+}
+
+func checkpointCreateCmd() *cobra.Command {
+	var address, ns string
+	var exit bool
+	cmd := &cobra.Command{
+		Use:   "create --address SOCKET [-n NS] [--exit] CONTAINER DIR",
+		Short: "Checkpoint a running container (berth runtime) into a new checkpoint directory",
+		Long: `create pauses the task, has berth's shim dump it with CRIU into DIR/checkpoint, saves the
+writable layer's changes, the spec and the manifest, and then resumes the task (leave-running) or,
+with --exit, lets CRIU end it. Send DIR with 'berthctl send' and restore it with 'berthctl restore'.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := containerd.New(address, containerd.WithTimeout(10*time.Second))
+			if err != nil {
+				return fmt.Errorf("containerd %s: %w", address, err)
+			}
+			defer c.Close()
+			src, err := move.Checkpoint(cmd.Context(), c, move.CheckpointOptions{Namespace: ns, ID: args[0], Dir: args[1], Exit: exit})
+			if err != nil {
+				return err
+			}
+			if err := src.Resume(namespaces.WithNamespace(cmd.Context(), ns)); err != nil {
+				return fmt.Errorf("checkpoint written to %s, but resuming %s failed: %w", args[1], args[0], err)
+			}
+			printManifest(os.Stdout, src.Manifest, false)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&address, "address", "a", "/run/containerd/containerd.sock", "containerd socket")
+	cmd.Flags().StringVarP(&ns, "namespace", "n", "default", "containerd namespace")
+	cmd.Flags().BoolVar(&exit, "exit", false, "end the task after the checkpoint instead of resuming it")
 	return cmd
 }
 
