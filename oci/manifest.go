@@ -28,6 +28,36 @@ type Manifest struct {
 	Files []File `json:"files"`
 	// Phases are the durations of the steps that produced the checkpoint, in order.
 	Phases []Phase `json:"phases,omitempty"`
+	// GPU is the container's GPU state at checkpoint time; nil for a container without GPUs.
+	GPU *GPUState `json:"gpu,omitempty"`
+}
+
+// GPUState records what a checkpoint of a GPU container needs on restore.
+type GPUState struct {
+	// Devices are the container's GPUs in the container's device order.
+	Devices []GPUDevice `json:"devices"`
+	// Driver and CUDA are the source node's NVIDIA driver and CUDA driver versions.
+	Driver string `json:"driver"`
+	CUDA   string `json:"cuda"`
+	// PIDs are the host PIDs of the container's CUDA processes at checkpoint time, and NSPIDs the
+	// same processes' PIDs inside the container (stable across restore).
+	PIDs   []int `json:"pids"`
+	NSPIDs []int `json:"nsPids"`
+	// Steps are the durations of the GPU steps (thaw, lock, checkpoint, restore, unlock), in order.
+	Steps []Phase `json:"steps,omitempty"`
+}
+
+// GPUDevice is one GPU of a checkpointed container.
+type GPUDevice struct {
+	// UUID and Name identify the source GPU ("GPU-...", "NVIDIA H200").
+	UUID string `json:"uuid"`
+	Name string `json:"name"`
+	// MemoryTotal is the GPU's memory in bytes; MemoryUsed what the container's processes held on
+	// it at checkpoint time (a destination GPU needs at least this much free).
+	MemoryTotal uint64 `json:"memoryTotal"`
+	MemoryUsed  uint64 `json:"memoryUsed"`
+	// DevicePaths are the device nodes (or fake GPU directories) the container used for it.
+	DevicePaths []string `json:"devicePaths,omitempty"`
 }
 
 // ContainerInfo is what a checkpoint records about its container (config.dump holds the same).

@@ -144,12 +144,33 @@ func classify(err error) error {
 	return err
 }
 
-// classified gives an error an errdefs class without changing its message.
-type classified struct {
-	error
-	class error
+// The error types below give an error an errdefs class without changing its message: errdefs
+// resolves classes through these marker methods, so errgrpc maps them to the right wire code.
+type invalidArgument struct{ error }
+
+func (invalidArgument) InvalidParameter() {}
+func (e invalidArgument) Unwrap() error   { return e.error }
+
+type notFound struct{ error }
+
+func (notFound) NotFound()       {}
+func (e notFound) Unwrap() error { return e.error }
+
+type failedPrecondition struct{ error }
+
+func (failedPrecondition) FailedPrecondition() {}
+func (e failedPrecondition) Unwrap() error     { return e.error }
+
+// withClass returns err classified as class (errdefs.ErrInvalidArgument, ErrNotFound or
+// ErrFailedPrecondition; any other class returns err unchanged).
+func withClass(err, class error) error {
+	switch class {
+	case errdefs.ErrInvalidArgument:
+		return invalidArgument{err}
+	case errdefs.ErrNotFound:
+		return notFound{err}
+	case errdefs.ErrFailedPrecondition:
+		return failedPrecondition{err}
+	}
+	return err
 }
-
-func (c classified) Unwrap() []error { return []error{c.error, c.class} }
-
-func withClass(err, class error) error { return classified{error: err, class: class} }

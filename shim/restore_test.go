@@ -89,7 +89,7 @@ func TestPrepareRestore(t *testing.T) {
 						t.Errorf("error %q does not name %q", err, w)
 					}
 				}
-				if !errors.Is(err, tc.class) {
+				if errdefs.Resolve(err) != tc.class {
 					t.Errorf("error %q is not of class %v", err, tc.class)
 				}
 				return

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -35,11 +36,21 @@ keeps it). Without --receiver, a receiver is started in this process on 127.0.0.
 --to-root (the destination shim's checkpoint_root). With --receiver HOST:PORT, a 'berthctl receive'
 already running on the destination host is used: the same path across a network.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
 			ctx := cmd.Context()
 			id := args[0]
+			defer func() {
+				if retErr != nil && !strings.HasPrefix(retErr.Error(), "migrate ") {
+					retErr = fmt.Errorf("migrate %s: %w", id, retErr)
+				}
+			}()
 			if from == "" || to == "" {
 				return fmt.Errorf("--from and --to are required (containerd socket paths)")
+			}
+			for _, sock := range []string{from, to} {
+				if _, err := os.Stat(sock); err != nil {
+					return fmt.Errorf("containerd socket: %w", err)
+				}
 			}
 			src, err := containerd.New(from, containerd.WithTimeout(10*time.Second))
 			if err != nil {
@@ -51,6 +62,13 @@ already running on the destination host is used: the same path across a network.
 				return fmt.Errorf("destination containerd %s: %w", to, err)
 			}
 			defer dst.Close()
+			// containerd.New does not connect: ask both ends before touching the source
+			if _, err := src.Version(ctx); err != nil {
+				return fmt.Errorf("source containerd %s does not answer: %w", from, err)
+			}
+			if _, err := dst.Version(ctx); err != nil {
+				return fmt.Errorf("destination containerd %s does not answer: %w", to, err)
+			}
 			if name == "" {
 				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
 			}
@@ -71,14 +89,21 @@ already running on the destination host is used: the same path across a network.
 				go rcv.Serve(ctx, ln) //nolint:errcheck // ends with ln.Close
 				addr = ln.Addr().String()
 			}
+			// dial the receiver before the source is paused: an unreachable destination costs nothing
+			conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return fmt.Errorf("dial receiver %s: %w", addr, err)
+			}
+			defer conn.Close()
+			send := func(ctx context.Context, dir, name string) (int64, error) { return sendOn(ctx, conn, dir, name) }
 			res, err := move.Migrate(ctx, move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: targetID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
-				Send:         sender(addr),
+				Send:         send,
 				LeaveRunning: leaveRunning, LogPath: logPath,
 			})
 			if err != nil {
-				return fmt.Errorf("migrate %s: %w", id, err)
+				return err
 			}
 			var total float64
 			fmt.Printf("migrated %s -> %s as %s (%s sent, checkpoint %s)\n", id, to, orDefault(targetID, id), humanBytes(res.Bytes), name)
@@ -111,12 +136,18 @@ already running on the destination host is used: the same path across a network.
 // sender returns a function that dials addr and streams a checkpoint directory with a progress bar.
 func sender(addr string) func(ctx context.Context, dir, name string) (int64, error) {
 	return func(ctx context.Context, dir, name string) (int64, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, "tcp", addr)
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return 0, fmt.Errorf("dial receiver %s: %w", addr, err)
 		}
 		defer conn.Close()
+		return sendOn(ctx, conn, dir, name)
+	}
+}
+
+// sendOn streams a checkpoint directory over conn, showing progress (bytes sent) on stderr.
+func sendOn(ctx context.Context, conn net.Conn, dir, name string) (int64, error) {
+	{
 		var bar *progressbar.ProgressBar
 		res, err := transfer.Send(ctx, conn, dir, name, func(sent, total int64) {
 			if bar == nil {
@@ -148,7 +179,6 @@ func receiveCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("listen %s: %w", listen, err)
 			}
-			fmt.Fprintf(os.Stderr, "receiving checkpoints on %s into %s\n", ln.Addr(), root)
 			go func() { <-cmd.Context().Done(); ln.Close() }()
 			rcv := &transfer.Receiver{Root: root, OnDone: func(remote net.Addr, path string, err error) {
 				if err != nil {
@@ -157,6 +187,11 @@ func receiveCmd() *cobra.Command {
 				}
 				fmt.Fprintf(os.Stderr, "received %s from %s\n", path, remote)
 			}}
+			// a receiver killed mid-transfer leaves its staging directory: remove it at start
+			if err := rcv.CleanStaging(); err != nil {
+				return fmt.Errorf("clean staging directories in %s: %w", root, err)
+			}
+			fmt.Fprintf(os.Stderr, "receiving checkpoints on %s into %s\n", ln.Addr(), root)
 			if err := rcv.Serve(cmd.Context(), ln); err != nil && cmd.Context().Err() == nil {
 				return err
 			}

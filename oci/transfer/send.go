@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/berth-dev/berth/oci"
@@ -130,7 +131,15 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 		return Result{}, fmt.Errorf("send %s: %w", name, werr)
 	}
 
-	vr := <-verdicts
+	wait := SendIdleTimeout + time.Duration(total/VerifyBytesPerSecond)*time.Second
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var vr verdictResult
+	select {
+	case vr = <-verdicts:
+	case <-timer.C:
+		return Result{}, fmt.Errorf("send %s: the receiver gave no verdict %v after the stream ended: %w", name, wait, os.ErrDeadlineExceeded)
+	}
 	got = &vr
 	if vr.err != nil {
 		return Result{}, fmt.Errorf("send %s: waiting for the receiver's verdict: %w", name, vr.err)
@@ -142,6 +151,14 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 }
 
 // stream writes the header line and the tar stream to conn, reporting progress.
+// SendIdleTimeout bounds how long Send waits for the receiver to take more bytes, and (plus
+// the verification time at VerifyBytesPerSecond) for its verdict: a receiver that stalls cannot
+// hold a migration, and its paused source, forever.
+var SendIdleTimeout = time.Minute
+
+// VerifyBytesPerSecond is the slowest verification rate (digest and fsync) Send waits for, bytes/s.
+const VerifyBytesPerSecond = 50 << 20
+
 func stream(conn net.Conn, line []byte, ar *archive.Archive, total int64, progress func(sent, total int64)) error {
 	if _, err := conn.Write(line); err != nil {
 		return err
@@ -179,6 +196,9 @@ type progressWriter struct {
 }
 
 func (p *progressWriter) Write(b []byte) (int, error) {
+	if c, ok := p.w.(net.Conn); ok {
+		_ = c.SetWriteDeadline(time.Now().Add(SendIdleTimeout))
+	}
 	n, err := p.w.Write(b)
 	p.sent += int64(n)
 	if p.fn != nil && (p.sent-p.lastSent >= ProgressBytes || time.Since(p.last) >= ProgressInterval) {

@@ -74,6 +74,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 			if err := src.Resume(context.WithoutCancel(ctx)); err != nil {
 				log.G(ctx).WithError(err).Error("resume source after failed move")
 			}
+			if !o.KeepLocal { // it holds the process's memory: do not leave it behind
+				os.RemoveAll(o.WorkDir)
+			}
 		}
 	}()
 	if res.Bytes, err = o.Send(ctx, o.WorkDir, o.Name); err != nil {

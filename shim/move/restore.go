@@ -56,8 +56,11 @@ func Restore(ctx context.Context, c *containerd.Client, o RestoreOptions) (_ con
 		return nil, fmt.Errorf("checkpoint %s: %s: %w", o.Dir, oci.SpecFile, err)
 	}
 	img, err := c.GetImage(ctx, m.Container.Image)
-	if err != nil {
+	if errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("image %s of the checkpoint is not on the destination (namespace %s); import it first: %w", m.Container.Image, o.Namespace, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up image %s on the destination: %w", m.Container.Image, err)
 	}
 	if d := img.Target().Digest.String(); m.Container.ImageDigest != "" && d != m.Container.ImageDigest {
 		return nil, &fingerprint.MismatchError{Field: "imageDigest", Checkpoint: m.Container.ImageDigest, Node: d, Rule: "exact"}
