@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/pelletier/go-toml/v2"
 )
@@ -31,14 +32,27 @@ type Config struct {
 	CRIUOptions []string `toml:"criu_options"`
 	// MaxArchiveBytes bounds a restore-from archive's extracted size, in bytes. Default 64 GiB.
 	MaxArchiveBytes int64 `toml:"max_archive_bytes"`
+	// GPU selects the GPU backend: "none" (default), "cuda" (libcuda.so.1's checkpoint API and
+	// NVML), or "fake" (gpu/fake, for machines without a GPU; FakeGPURoot is its node directory).
+	GPU         string `toml:"gpu"`
+	FakeGPURoot string `toml:"fake_gpu_root"`
+	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
+	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`
+}
+
+// GPULockTimeout returns GPULockTimeoutMs as a duration.
+func (c Config) GPULockTimeout() time.Duration {
+	return time.Duration(c.GPULockTimeoutMs) * time.Millisecond
 }
 
 // DefaultConfig returns the configuration used when no file exists.
 func DefaultConfig() Config {
 	return Config{
-		CheckpointRoot:  "/var/lib/berth/checkpoints",
-		CRIUOptions:     []string{"tcp-close"},
-		MaxArchiveBytes: 64 << 30,
+		CheckpointRoot:   "/var/lib/berth/checkpoints",
+		CRIUOptions:      []string{"tcp-close"},
+		MaxArchiveBytes:  64 << 30,
+		GPU:              "none",
+		GPULockTimeoutMs: 10000,
 	}
 }
 
@@ -81,6 +95,18 @@ func ConfigPath() string {
 func (c Config) Validate() error {
 	if !filepath.IsAbs(c.CheckpointRoot) {
 		return fmt.Errorf("checkpoint_root %q: must be an absolute path", c.CheckpointRoot)
+	}
+	switch c.GPU {
+	case "none", "cuda":
+	case "fake":
+		if !filepath.IsAbs(c.FakeGPURoot) {
+			return fmt.Errorf("gpu = \"fake\" needs an absolute fake_gpu_root, got %q", c.FakeGPURoot)
+		}
+	default:
+		return fmt.Errorf("gpu %q: want none, cuda or fake", c.GPU)
+	}
+	if c.GPULockTimeoutMs <= 0 {
+		return fmt.Errorf("gpu_lock_timeout_ms %d: must be positive", c.GPULockTimeoutMs)
 	}
 	if c.MaxArchiveBytes <= 0 {
 		return fmt.Errorf("max_archive_bytes %d: must be positive", c.MaxArchiveBytes)

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/fingerprint"
@@ -26,6 +27,7 @@ type restorePlan struct {
 	rootfsDiff string // rootfs-diff.tar to apply, "" when none
 	extracted  string // directory extracted from an archive, removed by cleanup; "" when none
 	manifest   *oci.Manifest
+	gpuPairs   []gpu.UUIDPair // device map for the GPU restore in Start; nil without GPUs
 }
 
 func (p *restorePlan) cleanup() {
@@ -48,8 +50,11 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 			log.G(ctx).Info("restoring a checkpoint without a berth manifest: not verified")
 			return nil, nil
 		}
-		_, err := s.verify(ctx, r.Checkpoint)
-		return nil, err
+		m, err := s.verify(ctx, r.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		return &restorePlan{dir: r.Checkpoint, imagesDir: r.Checkpoint, manifest: m}, nil
 	case r.Checkpoint != "":
 		return nil, fmt.Errorf("annotation %s=%q and a containerd checkpoint %q both given: %w",
 			oci.AnnotationRestoreFrom, ref, r.Checkpoint, errdefs.ErrInvalidArgument)
@@ -111,6 +116,13 @@ func (s *Service) verify(ctx context.Context, dir string) (*oci.Manifest, error)
 		return nil, fmt.Errorf("fingerprint of this node: %w", err)
 	}
 	node.ImageDigest = m.Fingerprint.ImageDigest // the shim cannot see the image; berthctl compares it
+	// GPUs: a checkpoint records its container's GPUs, not a node's; planGPURestore compares them
+	// with the GPUs the device map picks here. A checkpoint claiming GPUs without GPU state is
+	// compared with none.
+	node.GPUs = nil
+	if m.GPU != nil {
+		node.GPUs = m.Fingerprint.GPUs
+	}
 	if err := fingerprint.Compare(m.Fingerprint, node); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, withClass(err, errdefs.ErrFailedPrecondition))
 	}

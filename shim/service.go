@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
@@ -39,6 +40,9 @@ type Deps struct {
 	DumpStats func(workDir string) (oci.CRIUStats, error)
 	// Now is the clock.
 	Now func() time.Time
+	// GPU is the node's GPU backend (driver, inventory, container device convention); nil on a
+	// node without GPUs, where a GPU container's checkpoint cannot be restored.
+	GPU gpu.Backend
 }
 
 // Service is the berth task service: runc's task service with berth's checkpoint and restore.
@@ -90,8 +94,22 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			plan.cleanup()
 		}
 	}()
-	if err := s.writeCRIUConfig(r.Bundle, spec); err != nil {
+	specChanged := false
+	if plan != nil && plan.manifest != nil && plan.manifest.GPU != nil {
+		// before anything is created: can this node take the checkpoint's GPUs?
+		if plan.gpuPairs, err = s.planGPURestore(spec, plan.manifest.GPU); err != nil {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+		}
+		specChanged = true
+	}
+	changed, err := s.setCRIUConfig(r.Bundle, spec)
+	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
+	}
+	if changed || specChanged {
+		if err := writeSpec(r.Bundle, spec); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
 	}
 	if plan != nil {
 		r.Checkpoint = plan.imagesDir
@@ -148,6 +166,16 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if netns {
 		if err := loopbackUp(int(resp.Pid)); err != nil {
 			log.G(ctx).WithError(err).Warn("restored task's loopback stays down")
+		}
+	}
+	if plan != nil && len(plan.gpuPairs) > 0 {
+		if _, err := s.restoreGPUs(ctx, r.ID, plan.gpuPairs); err != nil {
+			// the driver cannot roll a failed GPU restore back: do not leave a task without its
+			// device memory running; the checkpoint is untouched and can be restored again
+			if _, kerr := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: r.ID, Signal: 9, All: true}); kerr != nil {
+				log.G(ctx).WithError(kerr).Error("kill task after failed GPU restore")
+			}
+			return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, err, plan.dir))
 		}
 	}
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore_ms": ms(s.deps.Now().Sub(start))}).Info("restored with CRIU")
@@ -221,14 +249,26 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		r.Options = anyOpts
 	}
 
+	g, err := s.beginGPUCheckpoint(ctx, r.ID, st)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: %w", r.ID, err))
+	}
 	start := s.deps.Now()
 	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		if g != nil {
+			g.abort(context.WithoutCancel(ctx)) // the workload keeps running, its GPUs unlocked
+		}
 		if tail := criuErrors(filepath.Join(workDir, oci.DumpLogFile), 4); tail != "" {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU says: %s", errgrpc.ToNative(err), tail))
 		}
 		return nil, err
 	}
 	dumped := s.deps.Now()
+	if g != nil && !opts.Exit {
+		if err := g.release(ctx); err != nil {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: written, but giving the GPUs back failed: %w", r.ID, err))
+		}
+	}
 	m := &oci.Manifest{
 		Version: oci.ManifestVersion,
 		Created: start.UTC(),
@@ -248,6 +288,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	} else {
 		m.Fingerprint = fp
 	}
+	if g != nil {
+		g.state.Steps = g.steps
+		m.GPU = g.state
+		m.Fingerprint.GPUs = g.fingerprintGPUs() // the container's GPUs, not the node's
+	}
 	m.Phases = append(m.Phases, oci.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
 	t := s.deps.Now()
 	if err := oci.WriteManifest(r.Path, m); err != nil {
@@ -259,25 +304,26 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	return &ptypes.Empty{}, nil
 }
 
-// writeCRIUConfig writes the bundle's CRIU configuration file and points runc at it through the
-// org.criu.config annotation in config.json, unless the spec already names another file.
-func (s *Service) writeCRIUConfig(bundle string, spec *specs.Spec) error {
+// setCRIUConfig writes the bundle's CRIU configuration file and points runc at it through the
+// org.criu.config annotation, unless the spec already names another file. It reports whether
+// spec changed (the caller writes config.json).
+func (s *Service) setCRIUConfig(bundle string, spec *specs.Spec) (bool, error) {
 	path := filepath.Join(bundle, criuConfigName)
 	if cur, ok := spec.Annotations[annotationCRIUConfig]; ok && filepath.Base(cur) != criuConfigName {
-		return nil // the user chose their own CRIU configuration
+		return false, nil // the user chose their own CRIU configuration
 	}
 	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		return fmt.Errorf("write CRIU config: %w", err)
+		return false, fmt.Errorf("write CRIU config: %w", err)
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
 	if spec.Annotations[annotationCRIUConfig] == path {
-		return nil
+		return false, nil
 	}
 	spec.Annotations[annotationCRIUConfig] = path
-	return writeSpec(bundle, spec)
+	return true, nil
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {
