@@ -31,6 +31,7 @@ type gpuSession struct {
 	ckpted  []int // PIDs checkpointed so far
 	steps   []oci.Phase
 	frozen  bool // the task was paused (containerd freezes it before Checkpoint)
+	thawed  bool // this session thawed it and has not frozen it again
 	state   *oci.GPUState
 	spec    *specs.Spec
 	timeout time.Duration
@@ -87,6 +88,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		if _, err := s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}); err != nil {
 			return nil, fmt.Errorf("thaw task for the GPU lock: %w", err)
 		}
+		g.thawed = true
 		g.step("gpu-thaw", t)
 	}
 	pids, err := s.TTRPCTaskService.Pids(ctx, &taskAPI.PidsRequest{ID: id})
@@ -143,6 +145,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		if _, err := s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: id}); err != nil {
 			return nil, fmt.Errorf("freeze task again after the GPU checkpoint: %w", err)
 		}
+		g.thawed = false
 		g.step("gpu-refreeze", t)
 	}
 	log.G(ctx).WithFields(log.Fields{"gpu_pids": g.pids, "gpus": uuids}).Info("GPU state checkpointed")
@@ -153,8 +156,9 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 // freezing it again if it was frozen. Failures are logged: the caller's error is what matters.
 func (g *gpuSession) abort(ctx context.Context) {
 	if len(g.locked) == 0 {
-		if g.frozen {
+		if g.thawed {
 			_, _ = g.s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: g.id})
+			g.thawed = false
 		}
 		return
 	}
@@ -167,10 +171,11 @@ func (g *gpuSession) abort(ctx context.Context) {
 // in the driver's order (restore, then unlock). The task's threads must run: a frozen task is
 // thawed for it and frozen again.
 func (g *gpuSession) release(ctx context.Context) error {
-	if g.frozen {
+	if g.frozen && !g.thawed {
 		if _, err := g.s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: g.id}); err != nil {
 			return fmt.Errorf("thaw task for the GPU restore: %w", err)
 		}
+		g.thawed = true
 	}
 	var errs []error
 	t := time.Now()
@@ -192,6 +197,7 @@ func (g *gpuSession) release(ctx context.Context) error {
 		if _, err := g.s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: g.id}); err != nil {
 			errs = append(errs, fmt.Errorf("freeze task again: %w", err))
 		}
+		g.thawed = false
 	}
 	return errors.Join(errs...)
 }
