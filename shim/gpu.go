@@ -112,10 +112,10 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		g.state.NSPIDs = append(g.state.NSPIDs, nsPID(pid))
 	}
 	if mu, ok := g.drv.(interface {
-		MemoryUsed(pid int) (map[string]uint64, error)
+		Usage(pid int) (map[string]uint64, error)
 	}); ok {
 		for _, pid := range g.pids {
-			use, err := mu.MemoryUsed(pid)
+			use, err := mu.Usage(pid)
 			if err != nil {
 				return nil, fmt.Errorf("GPU memory of pid %d: %w", pid, err)
 			}

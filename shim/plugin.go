@@ -16,6 +16,8 @@ import (
 	"github.com/containerd/plugin/registry"
 
 	"github.com/berth-dev/berth/criu"
+	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/fake"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -47,7 +49,11 @@ func Register() {
 			if err != nil {
 				return nil, fmt.Errorf("runc task service: %w", err)
 			}
-			return NewService(inner, cfg, RealDeps(cfg, true)), nil
+			deps, err := RealDeps(cfg, true)
+			if err != nil {
+				return nil, err
+			}
+			return NewService(inner, cfg, deps), nil
 		},
 	})
 }
@@ -58,7 +64,7 @@ func Register() {
 // Inside the shim process, which reaps every child itself (containerd's reaper), CRIU's version
 // comes from `criu --version` run through the reaper; elsewhere (berthctl) from go-criu's
 // version RPC. inShim selects the first.
-func RealDeps(cfg Config, inShim bool) Deps {
+func RealDeps(cfg Config, inShim bool) (Deps, error) {
 	criuPath := cfg.CRIUPath
 	if criuPath == "" {
 		criuPath = "criu"
@@ -69,18 +75,69 @@ func RealDeps(cfg Config, inShim bool) Deps {
 		run = reaperOutput
 		criuVersion = fingerprint.ExecVersionWith(run, criuPath, "--version")
 	}
+	backend, err := GPUBackend(cfg)
+	if err != nil {
+		return Deps{}, err
+	}
 	return Deps{
 		Fingerprint: func(ctx context.Context) (fingerprint.Fingerprint, error) {
-			return fingerprint.Collect(ctx, fingerprint.Sources{
+			fp, err := fingerprint.Collect(ctx, fingerprint.Sources{
 				ProcRoot:          "/proc",
 				Arch:              runtime.GOARCH,
 				CRIUVersion:       criuVersion,
 				RuncVersion:       fingerprint.ExecVersionWith(run, "runc", "--version"),
 				ContainerdVersion: fingerprint.ExecVersionWith(run, "containerd", "--version"),
 			})
+			if err != nil || backend == nil {
+				return fp, err
+			}
+			fp.GPUs, err = NodeGPUs(backend.Inventory())
+			return fp, err
 		},
 		DumpStats: criu.ReadDumpStats,
+		GPU:       backend,
+	}, nil
+}
+
+// GPUBackend returns the GPU backend cfg.GPU selects: nil for "none", the fake GPU node at
+// cfg.FakeGPURoot for "fake", the CUDA driver and NVML for "cuda". Errors name what is missing.
+func GPUBackend(cfg Config) (gpu.Backend, error) {
+	switch cfg.GPU {
+	case "", "none":
+		return nil, nil
+	case "fake":
+		b, err := fake.NewBackend(cfg.FakeGPURoot)
+		if err != nil {
+			return nil, fmt.Errorf("fake GPU backend: %w", err)
+		}
+		return b, nil
+	case "cuda":
+		if cudaBackend == nil {
+			return nil, fmt.Errorf("gpu = \"cuda\": this build has no CUDA backend: %w", gpu.ErrUnsupported)
+		}
+		return cudaBackend()
 	}
+	return nil, fmt.Errorf("gpu %q: want none, cuda or fake", cfg.GPU)
+}
+
+// cudaBackend builds the real NVIDIA backend; set by the file that wires gpu/cuda and gpu/nvml.
+var cudaBackend func() (gpu.Backend, error)
+
+// NodeGPUs returns a node's GPUs as fingerprint entries (fingerprint v2), in index order.
+func NodeGPUs(inv gpu.Inventory) ([]fingerprint.GPU, error) {
+	devs, err := inv.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("GPU inventory: %w", err)
+	}
+	v, err := inv.Versions()
+	if err != nil {
+		return nil, fmt.Errorf("GPU driver versions: %w", err)
+	}
+	var out []fingerprint.GPU
+	for _, d := range devs {
+		out = append(out, fingerprint.GPU{Index: d.Index, UUID: d.UUID, Name: d.Name, MemoryBytes: d.MemoryTotal, Driver: v.Driver, CUDA: v.CUDA})
+	}
+	return out, nil
 }
 
 // reaperOutput runs cmd through containerd's reaper, which owns every child of a shim: a plain

@@ -264,10 +264,20 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, err
 	}
 	dumped := s.deps.Now()
+	var phases []oci.Phase
+	if g != nil {
+		for _, st := range g.steps {
+			phases = append(phases, oci.Phase{Name: st.Name, Ms: st.Ms})
+		}
+	}
+	phases = append(phases, oci.Phase{Name: "criu-dump", Ms: ms(dumped.Sub(start))})
 	if g != nil && !opts.Exit {
+		n := len(g.steps)
 		if err := g.release(ctx); err != nil {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: written, but giving the GPUs back failed: %w", r.ID, err))
 		}
+		phases = append(phases, g.steps[n:]...)
+		dumped = s.deps.Now()
 	}
 	m := &oci.Manifest{
 		Version: oci.ManifestVersion,
@@ -276,7 +286,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 			ID:      r.ID,
 			Runtime: RuntimeName,
 		},
-		Phases: []oci.Phase{{Name: "criu-dump", Ms: ms(dumped.Sub(start))}},
+		Phases: phases,
 	}
 	if stats, err := s.deps.DumpStats(workDir); err != nil {
 		log.G(ctx).WithError(err).Warn("no CRIU dump statistics")
@@ -288,10 +298,13 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	} else {
 		m.Fingerprint = fp
 	}
+	// a checkpoint's fingerprint lists the container's GPUs, not the node's (none for a
+	// container without GPUs: it can be restored on any node)
+	m.Fingerprint.GPUs = nil
 	if g != nil {
 		g.state.Steps = g.steps
 		m.GPU = g.state
-		m.Fingerprint.GPUs = g.fingerprintGPUs() // the container's GPUs, not the node's
+		m.Fingerprint.GPUs = g.fingerprintGPUs()
 	}
 	m.Phases = append(m.Phases, oci.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
 	t := s.deps.Now()

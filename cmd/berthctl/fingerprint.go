@@ -12,15 +12,22 @@ import (
 func init() { subcommands = append(subcommands, fingerprintCmd) }
 
 func fingerprintCmd() *cobra.Command {
-	var criuPath string
+	var criuPath, gpuKind, fakeRoot string
 	cmd := &cobra.Command{
 		Use:   "fingerprint",
 		Short: "Print this node's fingerprint as JSON (kernel, CRIU, CPU, runc, containerd, GPUs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := shim.DefaultConfig()
-			cfg.CRIUPath = criuPath
-			fp, err := shim.RealDeps(cfg, false).Fingerprint(cmd.Context())
+			cfg.CRIUPath, cfg.GPU, cfg.FakeGPURoot = criuPath, gpuKind, fakeRoot
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			deps, err := shim.RealDeps(cfg, false)
+			if err != nil {
+				return err
+			}
+			fp, err := deps.Fingerprint(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -30,5 +37,7 @@ func fingerprintCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&criuPath, "criu", "", "CRIU binary (default: criu from PATH)")
+	cmd.Flags().StringVar(&gpuKind, "gpu", "none", "GPU backend: none, cuda (NVML and libcuda.so.1) or fake")
+	cmd.Flags().StringVar(&fakeRoot, "fake-gpu-root", "", "the fake GPU node directory (with --gpu fake)")
 	return cmd
 }

@@ -161,6 +161,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		Container:   cinfo,
 		Fingerprint: inner.Fingerprint,
 		CRIU:        inner.CRIU,
+		GPU:         inner.GPU,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	m.Phases = phases

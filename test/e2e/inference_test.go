@@ -54,3 +54,33 @@ func TestMigrateInferenceMidStream(t *testing.T) {
 	}
 	t.Logf("migrate took %v:\n%s", rep.MigrateWall, rep.MigrateOutput)
 }
+
+// TestMigrateGPUInference moves the workload in GPU mode: weights and KV caches in (fake) device
+// memory on node1's GPU, which exists only on node1. The shim locks and checkpoints the CUDA
+// state into host memory before CRIU, and on node2 maps the GPU to node2's own and restores it.
+func TestMigrateGPUInference(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	t.Cleanup(func() {
+		_ = src.Remove(context.Background(), "gpu-e2e")
+		_ = dst.Remove(context.Background(), "gpu-e2e-moved")
+	})
+	rep, err := scenario.MoveInference(ctx, c, src, dst, scenario.InferenceOptions{
+		ID: "gpu-e2e", WeightsMiB: 32, Sessions: 2, Tokens: 100, MoveAfter: 25, DelayMs: 15, Out: os.Stderr, GPU: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.MatchingSessions != len(rep.Streams) {
+		t.Errorf("%d of %d sessions continued exactly", rep.MatchingSessions, len(rep.Streams))
+	}
+	if rep.PrefillsAfter != rep.PrefillsBefore || rep.WeightsChecksumAfter != rep.WeightsChecksumBefore {
+		t.Errorf("prefills %d -> %d, weights %s -> %s", rep.PrefillsBefore, rep.PrefillsAfter, rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
+	}
+	if rep.GPUsBefore != "GPU-node1-0" || rep.GPUsAfter != "GPU-node2-0" {
+		t.Errorf("workload GPUs %q before, %q after; want GPU-node1-0 -> GPU-node2-0", rep.GPUsBefore, rep.GPUsAfter)
+	}
+	t.Logf("migrate:\n%s", rep.MigrateOutput)
+}

@@ -41,7 +41,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: keeping", dir)
 	}
 	ctx := context.Background()
-	cluster, err = node.StartCluster(ctx, dir, 2)
+	cluster, err = node.StartClusterWith(ctx, dir, 2, node.Options{FakeGPUs: 2})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
+	"github.com/berth-dev/berth/gpu/fake"
 	"github.com/berth-dev/berth/test/image"
 )
 
@@ -35,6 +36,12 @@ const Namespace = "berth-test"
 // <repo>/_output/images), and starts n nodes under dir with the images imported. On error,
 // nodes already started are stopped.
 func StartCluster(ctx context.Context, dir string, n int) (_ *Cluster, retErr error) {
+	return StartClusterWith(ctx, dir, n, Options{})
+}
+
+// StartClusterWith is StartCluster with per-node options taken from tmpl (FakeGPUs); names,
+// directories, the stack and networks are set per node.
+func StartClusterWith(ctx context.Context, dir string, n int, tmpl Options) (_ *Cluster, retErr error) {
 	stack, err := FindStack()
 	if err != nil {
 		return nil, err
@@ -69,10 +76,10 @@ func StartCluster(ctx context.Context, dir string, n int) (_ *Cluster, retErr er
 		}
 	}()
 	for i := 1; i <= n; i++ {
-		nd, err := Start(ctx, Options{
-			Name: fmt.Sprintf("node%d", i), Dir: dir, Stack: stack, BerthBin: c.BerthBin,
-			PodCIDR: fmt.Sprintf("10.88.%d.0/24", 70+i), Bridge: fmt.Sprintf("berth-n%d", i),
-		})
+		o := tmpl
+		o.Name, o.Dir, o.Stack, o.BerthBin = fmt.Sprintf("node%d", i), dir, stack, c.BerthBin
+		o.PodCIDR, o.Bridge = fmt.Sprintf("10.88.%d.0/24", 70+i), fmt.Sprintf("berth-n%d", i)
+		nd, err := Start(ctx, o)
 		if err != nil {
 			return nil, err
 		}
@@ -112,6 +119,9 @@ type RunOptions struct {
 	Runtime string
 	// LogPath receives stdout and stderr.
 	LogPath string
+	// GPUs are fake GPU UUIDs of the node given to the container (bind mounts at
+	// /dev/berth-gpu/<i> and BERTH_FAKE_GPUS).
+	GPUs []string
 }
 
 // Run creates and starts a container on the node in Namespace and returns its task's init PID.
@@ -132,6 +142,16 @@ func (n *Node) Run(ctx context.Context, o RunOptions) (uint32, error) {
 	specOpts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(o.Args) > 0 {
 		specOpts = append(specOpts, oci.WithProcessArgs(o.Args...))
+	}
+	if len(o.GPUs) > 0 {
+		if n.GPU == nil {
+			return 0, fmt.Errorf("node %s has no fake GPUs", n.Name)
+		}
+		mounts, env, err := fake.ContainerMounts(n.GPU, o.GPUs)
+		if err != nil {
+			return 0, err
+		}
+		specOpts = append(specOpts, oci.WithMounts(mounts), oci.WithEnv(env))
 	}
 	ctr, err := c.NewContainer(ctx, o.ID, containerd.WithImage(img), containerd.WithNewSnapshot(o.ID, img),
 		containerd.WithRuntime(o.Runtime, nil), containerd.WithNewSpec(specOpts...))

@@ -16,6 +16,8 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+
+	"github.com/berth-dev/berth/gpu/fake"
 )
 
 // Options configure one node.
@@ -32,6 +34,9 @@ type Options struct {
 	BerthBin string
 	// PodCIDR is the CNI bridge subnet for CRI pods, e.g. "10.88.71.0/24"; Bridge its bridge name.
 	PodCIDR, Bridge string
+	// FakeGPUs is the number of fake GPUs (gpu/fake) the node gets, "Fake H200" with 4 GiB each,
+	// UUIDs GPU-<name>-<i>; the shim is configured with gpu = "fake". 0: no GPUs.
+	FakeGPUs int
 }
 
 // Node is a running local containerd.
@@ -48,7 +53,9 @@ type Node struct {
 	// Log is containerd's log file.
 	Log string
 	// Env is the environment containerd (and so its shims) runs with.
-	Env   []string
+	Env []string
+	// GPU is the node's fake GPU root (nil without fake GPUs).
+	GPU   *fake.Node
 	stack Stack
 	cmd   *exec.Cmd
 }
@@ -139,6 +146,17 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 		return nil, err
 	}
 	shimCfg := fmt.Sprintf("checkpoint_root = %q\ncriu_path = %q\n", n.CheckpointRoot, o.Stack.Tool("criu"))
+	if o.FakeGPUs > 0 {
+		spec := fake.NodeSpec{Driver: "580.65.06", CUDA: "12.8"}
+		for i := 0; i < o.FakeGPUs; i++ {
+			spec.GPUs = append(spec.GPUs, fake.GPUSpec{UUID: fmt.Sprintf("GPU-%s-%d", o.Name, i), Name: "Fake H200", MemoryBytes: 4 << 30})
+		}
+		var err error
+		if n.GPU, err = fake.Setup(filepath.Join(dir, "fakegpu"), spec); err != nil {
+			return nil, err
+		}
+		shimCfg += fmt.Sprintf("gpu = \"fake\"\nfake_gpu_root = %q\n", n.GPU.Root())
+	}
 	if err := os.WriteFile(filepath.Join(dir, "shim.toml"), []byte(shimCfg), 0o644); err != nil {
 		return nil, err
 	}

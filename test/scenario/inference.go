@@ -39,6 +39,9 @@ type InferenceOptions struct {
 	Out io.Writer
 	// MigrateArgs are extra berthctl migrate arguments (e.g. "--leave-running").
 	MigrateArgs []string
+	// GPU runs the workload in GPU mode on the source node's first fake GPU: its weights and KV
+	// caches live in fake device memory, which only berth's GPU steps carry to the destination.
+	GPU bool
 }
 
 // InferenceReport is what MoveInference observed.
@@ -60,6 +63,9 @@ type InferenceReport struct {
 	SourceStatus string
 	// DestPID is the restored task's PID on the destination.
 	DestPID uint32
+	// GPUsBefore and GPUsAfter are the GPU UUIDs the workload reported on the source and on the
+	// destination (GPU mode).
+	GPUsBefore, GPUsAfter string
 }
 
 // Continuous reports whether every session continued exactly and nothing was recomputed.
@@ -79,12 +85,23 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 	cfg := model.Config{WeightsMiB: o.WeightsMiB, Seed: 7}
 	args := []string{image.WorkloadBinary, "-listen", "127.0.0.1:8080",
 		"-weights-mib", fmt.Sprint(o.WeightsMiB), "-seed", "7", "-delay-ms", fmt.Sprint(o.DelayMs)}
-	pid, err := src.Run(ctx, node.RunOptions{ID: o.ID, Image: image.WorkloadRef, Args: args,
-		LogPath: filepath.Join(src.Dir, o.ID+".log")})
+	ro := node.RunOptions{ID: o.ID, Image: image.WorkloadRef, Args: args, LogPath: filepath.Join(src.Dir, o.ID+".log")}
+	if o.GPU {
+		if src.GPU == nil {
+			return nil, fmt.Errorf("node %s has no fake GPUs", src.Name)
+		}
+		devs, err := src.GPU.Devices()
+		if err != nil || len(devs) == 0 {
+			return nil, fmt.Errorf("fake GPUs of %s: %v", src.Name, err)
+		}
+		ro.GPUs = []string{devs[0].UUID}
+		ro.Args = append(ro.Args, "-gpu")
+	}
+	pid, err := src.Run(ctx, ro)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "started %s on %s (pid %d, %d MiB of weights)\n", o.ID, src.Name, pid, o.WeightsMiB)
+	fmt.Fprintf(out, "started %s on %s (pid %d, %d MiB of weights, GPU mode %v)\n", o.ID, src.Name, pid, o.WeightsMiB, o.GPU)
 	srcT := client.Target{BaseURL: "http://127.0.0.1:8080", DialContext: node.NetnsDialer(int(pid))}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -170,6 +187,7 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 	}
 	rep.PrefillsBefore, rep.PrefillsAfter = before.Prefills+int64(o.Sessions), after.Prefills
 	rep.WeightsChecksumBefore, rep.WeightsChecksumAfter = before.WeightsChecksum, after.WeightsChecksum
+	rep.GPUsBefore, rep.GPUsAfter = before.GPUs, after.GPUs
 	m, err := model.New(cfg)
 	if err != nil {
 		return rep, err

@@ -18,6 +18,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 const (
@@ -91,10 +92,32 @@ type Stats struct {
 	KVBytes int64 `json:"kvBytes"`
 }
 
+// Device is where a model keeps its weights and KV caches and runs its token generation: a
+// (fake) GPU. Without one (New) both live in process memory and run directly.
+type Device interface {
+	// Malloc returns bytes bytes of zeroed device memory, 8-byte aligned. It is never called
+	// from inside Do.
+	Malloc(bytes int) ([]byte, error)
+	// Do runs f as device work; it may block (while the device is locked for a checkpoint) and
+	// fails when the device is lost.
+	Do(f func()) error
+}
+
+// hostDevice is process memory.
+type hostDevice struct{}
+
+func (hostDevice) Malloc(bytes int) ([]byte, error) { return make([]byte, bytes), nil }
+func (hostDevice) Do(f func()) error                { f(); return nil }
+
+// kvChunkMax is the largest KV cache chunk a session allocates, in entries (2 MiB).
+const kvChunkMax = 4096
+
 // Model is a loaded set of weights. It is safe for concurrent use; its weights are read-only
 // after New.
 type Model struct {
 	cfg      Config
+	dev      Device
+	onDevice bool
 	weights  []uint64
 	rows     uint64 // number of KVEntryWords-word rows in weights
 	checksum uint64 // checksum computed while loading
@@ -105,21 +128,68 @@ type Model struct {
 // New allocates cfg.WeightsMiB MiB of weights, fills every word from cfg.Seed (so all of it is
 // resident) and returns the model, or an error if cfg is invalid. Loading 256 MiB takes about a
 // tenth of a second.
-func New(cfg Config) (*Model, error) {
+func New(cfg Config) (*Model, error) { return NewOn(cfg, nil) }
+
+// NewOn is New with the weights and every KV cache in dev's memory and all token generation
+// run inside dev.Do; dev nil means process memory (New). The tokens are the same either way.
+func NewOn(cfg Config, dev Device) (*Model, error) {
 	cfg, err := cfg.Normalize()
 	if err != nil {
 		return nil, fmt.Errorf("new model: %w", err)
 	}
-	w := make([]uint64, cfg.words())
+	m := &Model{cfg: cfg, dev: dev, onDevice: dev != nil}
+	if dev == nil {
+		m.dev = hostDevice{}
+	}
+	w, err := allocWords(m.dev, cfg.words())
+	if err != nil {
+		return nil, fmt.Errorf("new model: weights: %w", err)
+	}
 	var h hasher
 	h.init(cfg.Seed)
-	for i := 0; i < len(w); i += 4 {
-		a, b, c, d := weight(cfg.Seed, i), weight(cfg.Seed, i+1), weight(cfg.Seed, i+2), weight(cfg.Seed, i+3)
-		w[i], w[i+1], w[i+2], w[i+3] = a, b, c, d
-		h.add4(a, b, c, d)
+	err = m.dev.Do(func() {
+		for i := 0; i < len(w); i += 4 {
+			a, b, c, d := weight(cfg.Seed, i), weight(cfg.Seed, i+1), weight(cfg.Seed, i+2), weight(cfg.Seed, i+3)
+			w[i], w[i+1], w[i+2], w[i+3] = a, b, c, d
+			h.add4(a, b, c, d)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new model: load weights: %w", err)
 	}
-	return &Model{cfg: cfg, weights: w, rows: uint64(len(w) / KVEntryWords), checksum: h.sum()}, nil
+	m.weights, m.rows, m.checksum = w, uint64(len(w)/KVEntryWords), h.sum()
+	return m, nil
 }
+
+// allocWords returns n zeroed words of dev's memory.
+func allocWords(dev Device, n int) ([]uint64, error) {
+	if _, ok := dev.(hostDevice); ok {
+		return make([]uint64, n), nil
+	}
+	b, err := dev.Malloc(n * 8)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < n*8 || uintptr(unsafe.Pointer(&b[0]))%8 != 0 {
+		return nil, fmt.Errorf("device memory of %d bytes at %p: want %d bytes, 8-byte aligned", len(b), &b[0], n*8)
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), n), nil
+}
+
+// allocKV returns an empty KV chunk with room for n entries in dev's memory.
+func allocKV(dev Device, n int) ([]kvEntry, error) {
+	if _, ok := dev.(hostDevice); ok {
+		return make([]kvEntry, 0, n), nil
+	}
+	w, err := allocWords(dev, n*KVEntryWords)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*kvEntry)(unsafe.Pointer(&w[0])), n)[:0], nil
+}
+
+// OnDevice reports whether the model runs on a Device given to NewOn.
+func (m *Model) OnDevice() bool { return m.onDevice }
 
 // Config returns the model's configuration with defaults filled in.
 func (m *Model) Config() Config { return m.cfg }
@@ -130,7 +200,24 @@ func (m *Model) Checksum() uint64 { return m.checksum }
 
 // RecomputeChecksum reads all weight memory now and returns its checksum; it differs from
 // Checksum only if weight memory changed since New (about 30 ms per 256 MiB).
-func (m *Model) RecomputeChecksum() uint64 { return checksumOf(m.cfg.Seed, m.weights) }
+// On a device it panics if the device fails; see VerifyChecksum.
+func (m *Model) RecomputeChecksum() uint64 {
+	sum, err := m.VerifyChecksum()
+	if err != nil {
+		panic(err)
+	}
+	return sum
+}
+
+// VerifyChecksum is RecomputeChecksum, run as device work: it blocks while the device is locked
+// and fails if the device does.
+func (m *Model) VerifyChecksum() (uint64, error) {
+	var sum uint64
+	if err := m.dev.Do(func() { sum = checksumOf(m.cfg.Seed, m.weights) }); err != nil {
+		return 0, fmt.Errorf("weights checksum: %w", err)
+	}
+	return sum, nil
+}
 
 // Stats returns a snapshot of the model's counters.
 func (m *Model) Stats() Stats {
@@ -177,7 +264,8 @@ type Session struct {
 	m         *Model
 	counted   bool // whether this session contributes to the model's Stats
 	mu        sync.Mutex
-	kv        []kvEntry
+	chunks    [][]kvEntry // the KV cache, in order; only the last has room left
+	n         int         // entries in the cache
 	generated int
 }
 
@@ -185,41 +273,128 @@ type kvEntry [KVEntryWords]uint64
 
 // NewSession prefills a session from prompt: one KV entry for the beginning of sequence and one
 // per byte of prompt. It counts in Stats.Prefills, Stats.PrefillTokens and Stats.Sessions.
+// On a device it panics if the device fails; see StartSession.
 func (m *Model) NewSession(prompt string) *Session {
-	s := m.newSession(prompt, true)
-	m.prefills.Add(1)
-	m.sessions.Add(1)
+	s, err := m.StartSession(prompt)
+	if err != nil {
+		panic(err)
+	}
 	return s
 }
 
-func (m *Model) newSession(prompt string, counted bool) *Session {
-	s := &Session{m: m, counted: counted, kv: make([]kvEntry, 0, len(prompt)+64)}
-	s.appendEntry(m.mix(tagBOS))
-	for i := 0; i < len(prompt); i++ {
-		prev := s.kv[len(s.kv)-1][KVEntryWords-1]
-		s.appendEntry(m.mix(prev ^ (tagByte | uint64(prompt[i])) ^ uint64(len(s.kv))*golden))
+// StartSession is NewSession returning the device's error instead of panicking.
+func (m *Model) StartSession(prompt string) (*Session, error) {
+	s, err := m.newSession(prompt, true)
+	if err != nil {
+		return nil, err
+	}
+	m.prefills.Add(1)
+	m.sessions.Add(1)
+	return s, nil
+}
+
+func (m *Model) newSession(prompt string, counted bool) (*Session, error) {
+	s := &Session{m: m, counted: counted}
+	if err := s.reserve(len(prompt) + 64); err != nil {
+		return nil, fmt.Errorf("new session: %w", err)
+	}
+	err := m.dev.Do(func() {
+		s.appendEntry(m.mix(tagBOS))
+		for i := 0; i < len(prompt); i++ {
+			prev := s.last()[KVEntryWords-1]
+			s.appendEntry(m.mix(prev ^ (tagByte | uint64(prompt[i])) ^ uint64(s.n)*golden))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new session: prefill: %w", err)
 	}
 	if counted {
-		m.prefillTokens.Add(int64(len(s.kv)))
+		m.prefillTokens.Add(int64(s.n))
 	}
-	return s
+	return s, nil
+}
+
+// reserve makes room for at least want more entries, in a new chunk if the last one is full.
+// The caller holds s.mu or owns s exclusively; it must not be inside Do.
+func (s *Session) reserve(want int) error {
+	if len(s.chunks) > 0 {
+		last := s.chunks[len(s.chunks)-1]
+		if cap(last)-len(last) >= want {
+			return nil
+		}
+	}
+	n := max(want, min(max(s.n, 64), kvChunkMax))
+	c, err := allocKV(s.m.dev, n)
+	if err != nil {
+		return fmt.Errorf("KV cache: %w", err)
+	}
+	s.chunks = append(s.chunks, c)
+	return nil
+}
+
+// entry returns KV entry i (0 <= i < s.n).
+func (s *Session) entry(i int) *kvEntry {
+	for _, c := range s.chunks {
+		if i < len(c) {
+			return &c[i]
+		}
+		i -= len(c)
+	}
+	panic(fmt.Sprintf("model: KV entry %d of %d", i, s.n))
+}
+
+// last returns the newest KV entry.
+func (s *Session) last() *kvEntry {
+	c := s.chunks[len(s.chunks)-1]
+	if len(c) == 0 {
+		c = s.chunks[len(s.chunks)-2]
+	}
+	return &c[len(c)-1]
 }
 
 // Next generates the session's next token from its whole KV cache, appends the token's KV entry
 // and returns the token. It counts in Stats.Decoded. Its cost grows with the cache: about 1 ns
 // per cached word (KVEntryWords words per entry) plus weightReads random weight reads.
+// On a device it panics if the device fails; see Step.
 func (s *Session) Next() Token {
+	tok, err := s.Step()
+	if err != nil {
+		panic(err)
+	}
+	return tok
+}
+
+// Step is Next returning the device's error instead of panicking; on error the session is
+// unchanged.
+func (s *Session) Step() (Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.reserve(1); err != nil {
+		return 0, fmt.Errorf("next token: %w", err)
+	}
+	var tok Token
+	if err := s.m.dev.Do(func() { tok = s.next() }); err != nil {
+		return 0, fmt.Errorf("next token: %w", err)
+	}
+	if s.counted {
+		s.m.decoded.Add(1)
+	}
+	return tok, nil
+}
+
+// next generates one token; the caller holds s.mu, has reserved an entry and runs inside Do.
+func (s *Session) next() Token {
 	m := s.m
 	// "Attention": an order-sensitive hash over every word of every entry. Each step is a
 	// bijection of the lane state, so changing any single word changes the hash.
 	var h hasher
-	h.init(m.cfg.Seed ^ uint64(len(s.kv)))
-	for i := range s.kv {
-		e := &s.kv[i]
-		for j := 0; j < KVEntryWords; j += 4 {
-			h.add4(e[j], e[j+1], e[j+2], e[j+3])
+	h.init(m.cfg.Seed ^ uint64(s.n))
+	for _, c := range s.chunks {
+		for i := range c {
+			e := &c[i]
+			for j := 0; j < KVEntryWords; j += 4 {
+				h.add4(e[j], e[j+1], e[j+2], e[j+3])
+			}
 		}
 	}
 	x := h.sum()
@@ -229,24 +404,26 @@ func (s *Session) Next() Token {
 		x = mix64(x ^ m.weights[x%n] + r*golden)
 	}
 	tok := Token(x % uint64(m.cfg.VocabSize))
-	s.appendEntry(mix64(x ^ tagToken ^ uint64(tok) ^ uint64(len(s.kv))*golden))
+	s.appendEntry(mix64(x ^ tagToken ^ uint64(tok) ^ uint64(s.n)*golden))
 	s.generated++
-	if s.counted {
-		m.decoded.Add(1)
-	}
 	return tok
 }
 
 // appendEntry appends the KV entry derived from state st: a weight row chosen by st, each word
-// mixed with st. The caller holds s.mu or owns s exclusively.
+// mixed with st, into the room reserve made. The caller holds s.mu or owns s exclusively.
 func (s *Session) appendEntry(st uint64) {
 	m := s.m
 	row := m.weights[(st%m.rows)*KVEntryWords:][:KVEntryWords]
-	var e kvEntry
+	c := &s.chunks[len(s.chunks)-1]
+	if len(*c) == cap(*c) {
+		panic("model: KV cache chunk full") // reserve was not called
+	}
+	*c = (*c)[:len(*c)+1]
+	e := &(*c)[len(*c)-1]
 	for j := range e {
 		e[j] = mix64(row[j] ^ (st + uint64(j)*golden))
 	}
-	s.kv = append(s.kv, e)
+	s.n++
 	if s.counted {
 		m.kvBytes.Add(KVEntryBytes)
 	}
@@ -257,7 +434,7 @@ func (s *Session) appendEntry(st uint64) {
 func (s *Session) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.kv)
+	return s.n
 }
 
 // KVBytes returns the size of the session's KV cache in bytes (Len() * KVEntryBytes).
@@ -272,8 +449,12 @@ func (s *Session) Generated() int {
 
 // Reference returns the first n tokens that a fresh session prefilled with prompt generates,
 // without counting in m's Stats. n < 0 is treated as 0.
+// On a device it panics if the device fails.
 func (m *Model) Reference(prompt string, n int) []Token {
-	s := m.newSession(prompt, false)
+	s, err := m.newSession(prompt, false)
+	if err != nil {
+		panic(err)
+	}
 	out := make([]Token, 0, max(n, 0))
 	for range max(n, 0) {
 		out = append(out, s.Next())

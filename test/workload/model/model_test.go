@@ -1,7 +1,9 @@
 package model
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -173,7 +175,7 @@ func TestCorruptedKVChangesLaterTokens(t *testing.T) {
 		{"first prompt byte", func(*Session) int { return 1 }, 63, 63},
 		{"last prompt byte", func(*Session) int { return len(prompt) }, 17, 5},
 		{"first decoded", func(*Session) int { return len(prompt) + 1 }, 31, 40},
-		{"latest decoded", func(s *Session) int { return len(s.kv) - 1 }, 8, 1},
+		{"latest decoded", func(s *Session) int { return s.Len() - 1 }, 8, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,7 +185,7 @@ func TestCorruptedKVChangesLaterTokens(t *testing.T) {
 					t.Fatalf("token %d = %v, want %v before corruption", i, got, want[i])
 				}
 			}
-			s.kv[tt.pos(s)][tt.word] ^= 1 << tt.bit
+			s.entry(tt.pos(s))[tt.word] ^= 1 << tt.bit
 			got := make([]Token, after)
 			for i := range got {
 				got[i] = s.Next()
@@ -204,7 +206,13 @@ func TestCorruptedKVChangesLaterTokens(t *testing.T) {
 		for range before {
 			s.Next()
 		}
-		s.kv = append(s.kv[:5], s.kv[6:]...)
+		var flat []kvEntry
+		for i := range s.Len() {
+			if i != 5 {
+				flat = append(flat, *s.entry(i))
+			}
+		}
+		s.chunks, s.n = [][]kvEntry{slices.Grow(flat, 8)}, len(flat)
 		if got := s.Next(); got == want[before] && s.Next() == want[before+1] && s.Next() == want[before+2] {
 			t.Errorf("dropping a KV entry did not change the output")
 		}
@@ -292,6 +300,86 @@ func BenchmarkNew256MiB(b *testing.B) {
 	for b.Loop() {
 		if _, err := New(Config{}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// countingDevice is a Device in process memory that counts its calls and can refuse work.
+type countingDevice struct {
+	mu           sync.Mutex
+	mallocs, dos int
+	bytes        int
+	fail         error
+}
+
+func (d *countingDevice) Malloc(n int) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mallocs++
+	d.bytes += n
+	return make([]byte, n), nil
+}
+
+func (d *countingDevice) Do(f func()) error {
+	d.mu.Lock()
+	d.dos++
+	err := d.fail
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	f()
+	return nil
+}
+
+func TestDeviceSameTokens(t *testing.T) {
+	cfg := Config{WeightsMiB: 8, Seed: 3, VocabSize: 300}
+	host := newModel(t, cfg)
+	for _, prompt := range []string{"", "a prompt", strings.Repeat("long ", 100)} {
+		dev := &countingDevice{}
+		m, err := NewOn(cfg, dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.OnDevice() || host.OnDevice() {
+			t.Fatalf("OnDevice: %v on device, %v on host", m.OnDevice(), host.OnDevice())
+		}
+		if m.Checksum() != host.Checksum() || m.RecomputeChecksum() != host.Checksum() {
+			t.Fatalf("checksums differ")
+		}
+		const n = 1200 // crosses several KV chunks
+		s, err := m.StartSession(prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := host.Reference(prompt, n)
+		for i := range n {
+			tok, err := s.Step()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tok != want[i] {
+				t.Fatalf("prompt %q: token %d = %v on device, %v on host", prompt, i, tok, want[i])
+			}
+		}
+		kv := (1 + len(prompt) + n) * KVEntryBytes
+		if dev.bytes < cfg.WeightsMiB<<20+kv || dev.mallocs < 3 || dev.dos < n {
+			t.Errorf("device saw %d mallocs of %d bytes and %d Do calls; want weights + %d KV bytes in chunks, %d Do", dev.mallocs, dev.bytes, dev.dos, kv, n)
+		}
+		// A lost device fails the step and leaves the session as it was.
+		dev.fail = errors.New("device lost")
+		if _, err := s.Step(); err == nil {
+			t.Fatalf("Step on a lost device: no error")
+		}
+		if _, err := m.StartSession("x"); err == nil {
+			t.Fatalf("StartSession on a lost device: no error")
+		}
+		if _, err := m.VerifyChecksum(); err == nil {
+			t.Fatalf("VerifyChecksum on a lost device: no error")
+		}
+		dev.fail = nil
+		if tok, err := s.Step(); err != nil || tok != host.Reference(prompt, n+1)[n] {
+			t.Fatalf("Step after the device came back = %v, %v", tok, err)
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,8 @@ type Config struct {
 	Delay time.Duration
 	// MaxTokens is the largest n a /generate request may ask for; 0 means DefaultMaxTokens.
 	MaxTokens int
+	// GPUs, when set, returns the UUIDs of the (fake) GPUs the model runs on, for /stats.
+	GPUs func() []string
 }
 
 // DefaultConfig returns the configuration cmd/infer starts with: Delay = DefaultDelay.
@@ -84,6 +87,11 @@ type Stats struct {
 	Seed uint64 `json:"seed"`
 	// VocabSize is the model's vocabulary size, in tokens.
 	VocabSize int `json:"vocabSize"`
+	// GPU reports that the model's weights and KV caches live in (fake) device memory.
+	GPU bool `json:"gpu"`
+	// GPUs are the UUIDs of the GPUs the model runs on, in device order, comma-separated (GPU
+	// mode only; a string so that Stats stays comparable).
+	GPUs string `json:"gpus,omitempty"`
 }
 
 // SessionInfo is the body of GET /session.
@@ -118,14 +126,19 @@ type session struct {
 	history []model.Token
 }
 
-// token returns token i of the session, generating every missing token up to i first.
-func (s *session) token(i int) model.Token {
+// token returns token i of the session, generating every missing token up to i first. It fails
+// only when the model's device does.
+func (s *session) token(i int) (model.Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.history) <= i {
-		s.history = append(s.history, s.dec.Next())
+		tok, err := s.dec.Step()
+		if err != nil {
+			return 0, err
+		}
+		s.history = append(s.history, tok)
 	}
-	return s.history[i]
+	return s.history[i], nil
 }
 
 // info returns the session's SessionInfo, history and KV cache read at one instant.
@@ -161,24 +174,43 @@ func New(m *model.Model, cfg Config) *Server {
 // ServeHTTP serves the endpoints listed in the package documentation.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// Stats returns what GET /stats serves, reading all weight memory for the checksum.
+// Stats returns what GET /stats serves, reading all weight memory for the checksum. It panics
+// if the model's device fails; see StatsErr.
 func (s *Server) Stats() Stats {
+	st, err := s.StatsErr()
+	if err != nil {
+		panic(err)
+	}
+	return st
+}
+
+// StatsErr is Stats returning the device's error instead of panicking.
+func (s *Server) StatsErr() (Stats, error) {
+	sum, err := s.m.VerifyChecksum()
+	if err != nil {
+		return Stats{}, err
+	}
 	ms := s.m.Stats()
 	cfg := s.m.Config()
 	s.mu.Lock()
 	n := len(s.sessions)
 	s.mu.Unlock()
-	return Stats{
+	st := Stats{
 		Prefills:        ms.Prefills,
 		PrefillTokens:   ms.PrefillTokens,
 		Decoded:         ms.Decoded,
 		Sessions:        int64(n),
 		KVBytes:         ms.KVBytes,
-		WeightsChecksum: model.FormatChecksum(s.m.RecomputeChecksum()),
+		WeightsChecksum: model.FormatChecksum(sum),
 		WeightsMiB:      cfg.WeightsMiB,
 		Seed:            cfg.Seed,
 		VocabSize:       cfg.VocabSize,
+		GPU:             s.m.OnDevice(),
 	}
+	if s.cfg.GPUs != nil {
+		st.GPUs = strings.Join(s.cfg.GPUs(), ",")
+	}
+	return st, nil
 }
 
 // intParam parses query parameter name as an int in [lo, hi], returning def if it is absent.
@@ -216,7 +248,11 @@ func (s *Server) getOrCreate(id, prompt string) (sess *session, created bool, er
 		}
 		return sess, false, nil
 	}
-	sess = &session{prompt: prompt, dec: s.m.NewSession(prompt)}
+	dec, err := s.m.StartSession(prompt)
+	if err != nil {
+		return nil, false, errDevice{err}
+	}
+	sess = &session{prompt: prompt, dec: dec}
 	s.sessions[id] = sess
 	return sess, true, nil
 }
@@ -256,7 +292,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	sess, created, err := s.getOrCreate(id, prompt)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusConflict)
+		code := http.StatusConflict
+		if _, ok := err.(errDevice); ok {
+			code = http.StatusServiceUnavailable
+		}
+		http.Error(w, err.Error(), code)
 		return
 	}
 
@@ -288,7 +328,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		if ctx.Err() != nil {
 			return // client gone: generate nothing more for it
 		}
-		line, err := json.Marshal(Line{I: i, Tok: sess.token(i).Word()})
+		tok, err := sess.token(i)
+		if err != nil {
+			return // device lost: end the stream early, the client sees it short
+		}
+		line, err := json.Marshal(Line{I: i, Tok: tok.Word()})
 		if err != nil {
 			return
 		}
@@ -317,7 +361,17 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, sess.info(id))
 }
 
-func (s *Server) stats(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Stats()) }
+func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
+	st, err := s.StatsErr()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	writeJSON(w, st)
+}
+
+// errDevice is a failure of the model's device.
+type errDevice struct{ error }
 
 func writeJSON(w http.ResponseWriter, v any) {
 	b, err := json.Marshal(v)
