@@ -108,6 +108,12 @@ func printManifest(w io.Writer, m *oci.Manifest, verified bool) {
 		us(s.FreezingTimeUs), us(s.FrozenTimeUs), us(s.MemdumpTimeUs), us(s.MemwriteTimeUs))
 	fmt.Fprintf(tw, "CRIU pages\tscanned %d, written %d (%s), skipped (parent) %d\n",
 		s.PagesScanned, s.PagesWritten, humanBytes(int64(s.PagesWritten)*int64(os.Getpagesize())), s.PagesSkippedParent)
+	if g := m.GPU; g != nil {
+		fmt.Fprintf(tw, "GPU driver\t%s, CUDA %s, CUDA processes %v (in the container: %v)\n", g.Driver, g.CUDA, g.PIDs, g.NSPIDs)
+		for i, d := range g.Devices {
+			fmt.Fprintf(tw, "GPU %d\t%s %s, %s used of %s, %v\n", i, d.UUID, d.Name, humanBytes(int64(d.MemoryUsed)), humanBytes(int64(d.MemoryTotal)), d.DevicePaths)
+		}
+	}
 	for _, p := range m.Phases {
 		fmt.Fprintf(tw, "phase %s\t%.1f ms\n", p.Name, p.Ms)
 	}

@@ -108,13 +108,13 @@ already running on the destination host is used: the same path across a network.
 			var total float64
 			fmt.Printf("migrated %s -> %s as %s (%s sent, checkpoint %s)\n", id, to, orDefault(targetID, id), humanBytes(res.Bytes), name)
 			for _, p := range res.Manifest.Phases {
-				fmt.Printf("  checkpoint/%-14s %9.1f ms\n", p.Name, p.Ms)
+				fmt.Printf("  %-32s %9.1f ms\n", "checkpoint/"+p.Name, p.Ms)
 			}
 			for _, p := range res.Phases {
-				fmt.Printf("  %-25s %9.1f ms\n", p.Name, p.Ms)
+				fmt.Printf("  %-32s %9.1f ms\n", p.Name, p.Ms)
 				total += p.Ms
 			}
-			fmt.Printf("  %-25s %9.1f ms\n", "total", total)
+			fmt.Printf("  %-32s %9.1f ms\n", "total", total)
 			return nil
 		},
 	}

@@ -23,16 +23,17 @@ func main() {
 	tokens := flag.Int("tokens", 200, "tokens per session")
 	moveAfter := flag.Int("move-after", 60, "move once every session received this many tokens")
 	dir := flag.String("dir", "/var/tmp/berth-demo", "directory for the two nodes' files")
+	gpuMode := flag.Bool("gpu", true, "run the workload on a fake GPU (weights and KV caches in device memory that only exists on node1)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dir, *weights, *sessions, *tokens, *moveAfter); err != nil {
+	if err := run(ctx, *dir, *weights, *sessions, *tokens, *moveAfter, *gpuMode); err != nil {
 		fmt.Fprintln(os.Stderr, "berth-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter int) error {
+func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter int, gpuMode bool) error {
 	if err := node.Require(); err != nil {
 		return err
 	}
@@ -40,7 +41,7 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 		return err
 	}
 	fmt.Printf("starting two containerd nodes under %s ...\n", dir)
-	c, err := node.StartCluster(ctx, dir, 2)
+	c, err := node.StartClusterWith(ctx, dir, 2, node.Options{FakeGPUs: 2})
 	if err != nil {
 		return err
 	}
@@ -50,7 +51,7 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 	}()
 	rep, err := scenario.MoveInference(ctx, c, c.Nodes[0], c.Nodes[1], scenario.InferenceOptions{
 		ID: "demo-infer", WeightsMiB: weights, Sessions: sessions, Tokens: tokens, MoveAfter: moveAfter,
-		DelayMs: 20, Out: os.Stdout,
+		DelayMs: 20, Out: os.Stdout, GPU: gpuMode,
 	})
 	if err != nil {
 		return err
@@ -59,6 +60,9 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 	fmt.Printf("sessions identical to an uninterrupted run: %d of %d\n", rep.MatchingSessions, len(rep.Streams))
 	fmt.Printf("prefills: %d before the move, %d after (equal: no context recomputed)\n", rep.PrefillsBefore, rep.PrefillsAfter)
 	fmt.Printf("weights checksum: %s before, %s after\n", rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
+	if gpuMode {
+		fmt.Printf("GPU: %s on node1 -> %s on node2 (device memory checkpointed, moved and restored by berth's GPU steps)\n", rep.GPUsBefore, rep.GPUsAfter)
+	}
 	if !rep.Continuous() {
 		return fmt.Errorf("verdict: NOT continuous")
 	}
