@@ -49,6 +49,14 @@ const (
 // anywhere under dir (a top-level berth.json that is not a regular file included); the *fs.PathError
 // of any directory read, open or read that fails. dir itself may be a symlink to a directory.
 func DigestDir(dir string) ([]File, int64, error) {
+	return DigestDirKnown(dir, nil)
+}
+
+// DigestDirKnown is DigestDir that takes the digest of a file from known (keyed by its path
+// relative to dir) instead of reading it, when the file's size is the known size: for a
+// directory that embeds files whose digests were just computed (the shim's manifest of the
+// CRIU images inside a berth checkpoint). Errors are DigestDir's.
+func DigestDirKnown(dir string, known map[string]File) ([]File, int64, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, 0, fmt.Errorf("digest: %w", err)
@@ -59,7 +67,20 @@ func DigestDir(dir string) ([]File, int64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("digest %s: %w", dir, err)
 	}
-	results := hashFiles(root, entries, true)
+	results := make([]hashResult, len(entries))
+	var toHash []fileEntry
+	var idx []int
+	for i, e := range entries {
+		if k, ok := known[e.path]; ok && k.Size == e.size && k.Digest != "" {
+			results[i] = hashResult{size: e.size, digest: k.Digest}
+			continue
+		}
+		toHash = append(toHash, e)
+		idx = append(idx, i)
+	}
+	for k, r := range hashFiles(root, toHash, true) {
+		results[idx[k]] = r
+	}
 	files := make([]File, len(entries))
 	var total int64
 	for i, r := range results {

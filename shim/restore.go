@@ -108,7 +108,9 @@ func (s *Service) verify(ctx context.Context, dir string) (*oci.Manifest, error)
 	if err != nil {
 		return nil, classify(fmt.Errorf("checkpoint %s: %w", dir, err))
 	}
-	if err := oci.Verify(dir, m); err != nil {
+	stamped, err := oci.VerifyStamped(dir, m)
+	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "receiver_stamp": stamped}).Debug("checkpoint verified")
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, withClass(err, errdefs.ErrFailedPrecondition))
 	}
 	node, err := s.deps.Fingerprint(ctx)

@@ -2,8 +2,11 @@ package archive
 
 import (
 	"archive/tar"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -96,6 +99,24 @@ var (
 // io.ErrUnexpectedEOF for a cut stream) and r's read errors; write errors under dest. All are
 // wrapped with dest.
 func Extract(r io.Reader, dest string, lim Limits) (retErr error) {
+	return extractTo(r, dest, lim, nil)
+}
+
+// Digests maps an extracted file's slash-separated path to "sha256:<hex>" of its content.
+type Digests map[string]string
+
+// ExtractDigests is Extract that also returns the sha256 of every regular file it wrote,
+// computed while writing: a caller verifying a checkpoint against its manifest
+// (oci.VerifyDigests) need not read the files back. Errors are Extract's.
+func ExtractDigests(r io.Reader, dest string, lim Limits) (Digests, error) {
+	d := Digests{}
+	if err := extractTo(r, dest, lim, d); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func extractTo(r io.Reader, dest string, lim Limits, digests Digests) (retErr error) {
 	lim = lim.WithDefaults()
 	if err := os.Mkdir(dest, 0o700); err != nil {
 		return fmt.Errorf("extract: %w", err)
@@ -112,13 +133,13 @@ func Extract(r io.Reader, dest string, lim Limits) (retErr error) {
 		return fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
-	if err := extract(r, root, lim); err != nil {
+	if err := extract(r, root, lim, digests); err != nil {
 		return fmt.Errorf("extract to %s: %w", dest, err)
 	}
 	return nil
 }
 
-func extract(r io.Reader, root *os.Root, lim Limits) error {
+func extract(r io.Reader, root *os.Root, lim Limits, digests Digests) error {
 	tr := tar.NewReader(r)
 	buf := make([]byte, copyBufferSize)
 	var entries int
@@ -165,7 +186,7 @@ func extract(r io.Reader, root *os.Root, lim Limits) error {
 			return fmt.Errorf("entry %q: %w: %d bytes after %d, limit %d", hdr.Name, ErrTotalTooLarge, hdr.Size, total, lim.MaxTotalBytes)
 		}
 		total += hdr.Size
-		if err := writeEntry(root, name, tr, hdr.Size, buf); err != nil {
+		if err := writeEntry(root, name, tr, hdr.Size, buf, digests); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
 	}
@@ -206,7 +227,7 @@ func makeDir(root *os.Root, name string) error {
 }
 
 // writeEntry creates the file name with mode 0600 and copies size bytes into it from r.
-func writeEntry(root *os.Root, name string, r io.Reader, size int64, buf []byte) (retErr error) {
+func writeEntry(root *os.Root, name string, r io.Reader, size int64, buf []byte, digests Digests) (retErr error) {
 	if dir := path.Dir(name); dir != "." {
 		if err := root.MkdirAll(dir, 0o700); err != nil {
 			return err
@@ -224,12 +245,21 @@ func writeEntry(root *os.Root, name string, r io.Reader, size int64, buf []byte)
 			retErr = err
 		}
 	}()
-	n, err := io.CopyBuffer(fsutil.WriterOnly{W: f}, fsutil.ReaderOnly{R: r}, buf)
+	var w io.Writer = fsutil.WriterOnly{W: f}
+	var h hash.Hash
+	if digests != nil {
+		h = sha256.New()
+		w = io.MultiWriter(w, h)
+	}
+	n, err := io.CopyBuffer(w, fsutil.ReaderOnly{R: r}, buf)
 	if err != nil {
 		return err
 	}
 	if n != size { // archive/tar reports short content itself; this is a backstop
 		return fmt.Errorf("%w: %d of %d bytes", io.ErrUnexpectedEOF, n, size)
+	}
+	if h != nil {
+		digests[name] = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	}
 	return nil
 }

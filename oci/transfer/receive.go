@@ -245,7 +245,8 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	}()
 
 	cr := &countingReader{r: io.LimitReader(br, hdr.TotalBytes)}
-	if err := archive.Extract(cr, staging, lim); err != nil {
+	digests, err := archive.ExtractDigests(cr, staging, lim)
+	if err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if cr.n != hdr.TotalBytes {
@@ -260,7 +261,8 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	if !bytes.Equal(got, hdr.Manifest) {
 		return "", drained, fmt.Errorf("receive %s: %w: the berth.json in the stream differs from the header's", name, ErrProtocol)
 	}
-	if err := oci.Verify(staging, m); err != nil {
+	// digests were computed while extracting: no second read of the files
+	if err := oci.VerifyDigests(staging, m, digests); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if !r.NoSync {
@@ -279,6 +281,9 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 		// would be in doubt, and reporting failure for a stored checkpoint would mislead.
 		_ = fsutil.SyncDir(root)
 	}
+	// record the verification so the shim's restore need not read the files again; without
+	// the stamp it verifies in full, so a failure here costs time, not safety
+	_ = oci.WriteStamp(final, m)
 	return final, drained, nil
 }
 

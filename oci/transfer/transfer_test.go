@@ -113,6 +113,15 @@ func assertRootClean(t testing.TB, root string, keep ...string) {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
+		if e.Name() == oci.StampDir { // stamps of received checkpoints: checked below
+			stamps, _ := os.ReadDir(filepath.Join(root, oci.StampDir))
+			for _, st := range stamps {
+				if !contains(keep, strings.TrimSuffix(st.Name(), ".json")) {
+					t.Errorf("stamp left for a checkpoint that is not there: %s", st.Name())
+				}
+			}
+			continue
+		}
 		if !contains(keep, e.Name()) {
 			t.Errorf("left under root: %s", e.Name())
 		}

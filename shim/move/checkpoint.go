@@ -164,6 +164,14 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		GPU:         inner.GPU,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
+	// the shim just digested the CRIU images: reuse those digests instead of reading the images again
+	known := map[string]oci.File{}
+	for _, f := range inner.Files {
+		known[oci.ImagesDir+"/"+f.Path] = oci.File{Path: oci.ImagesDir + "/" + f.Path, Size: f.Size, Digest: f.Digest}
+	}
+	if m.Files, m.ImageSize, err = oci.DigestDirKnown(o.Dir, known); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+	}
 	m.Phases = phases
 	for _, p := range inner.Phases {
 		m.Phases = append(m.Phases, oci.Phase{Name: "shim/" + p.Name, Ms: p.Ms})

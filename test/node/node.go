@@ -227,15 +227,18 @@ func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// Crictl runs the stack's crictl against this node.
+// Crictl runs the stack's crictl against this node and returns its standard output (trimmed);
+// the error carries its standard error.
 func (n *Node) Crictl(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, n.stack.Tool("crictl"), append([]string{"--config", filepath.Join(n.Dir, "crictl.yaml")}, args...)...)
 	cmd.Env = n.Env
-	out, err := cmd.CombinedOutput()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return string(out), fmt.Errorf("crictl %s on %s: %w: %s", strings.Join(args, " "), n.Name, err, out)
+		return string(out), fmt.Errorf("crictl %s on %s: %w: %s", strings.Join(args, " "), n.Name, err, stderr.String())
 	}
-	return string(out), nil
+	return strings.TrimSpace(string(out)), nil
 }
 
 // Import imports an OCI image-layout tar into namespace ns with `ctr images import`.

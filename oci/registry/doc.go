@@ -1,0 +1,50 @@
+// Package registry moves a berth checkpoint through an OCI registry: Push uploads a checkpoint
+// directory (or a checkpoint archive) as an OCI artifact, Pull downloads one into a new directory
+// and verifies it end to end. The registry protocol is oras-go's (oras.land/oras-go/v2); this
+// package decides the artifact's layout and what is checked before anything is written.
+//
+// # Artifact layout
+//
+// A checkpoint is one OCI image manifest (application/vnd.oci.image.manifest.v1+json, image-spec
+// v1.1) with
+//
+//	artifactType  application/vnd.berth.checkpoint.v1            (ArtifactType)
+//	config        berth.json, byte for byte                       (ConfigMediaType,
+//	              application/vnd.berth.manifest.v1+json)
+//	layers        one per file that berth.json lists, in its      (FileMediaType,
+//	              order (sorted by path), raw and uncompressed;    application/vnd.berth.checkpoint.file.v1)
+//	              annotation org.opencontainers.image.title = the
+//	              file's slash-separated path in the checkpoint
+//	annotations   org.opencontainers.image.created, and           (Annotation* constants)
+//	              dev.berth.checkpoint.{container.id, container.namespace, image, image.digest,
+//	              fingerprint.hash} where the manifest has them
+//
+// Each layer's digest and size are the berth manifest's for that file, so the chain of digests
+// is unbroken: the OCI manifest's digest covers berth.json's digest (the config), and berth.json
+// covers every file's. Pull refuses an artifact whose layers are not exactly berth.json's files.
+//
+// Why one layer per file rather than one tar of the directory: a checkpoint is dominated by a
+// few large CRIU pages images (a process's whole memory, up to hundreds of GiB) next to many
+// small files. Per-file blobs are uploaded and downloaded in parallel (Options.Concurrency);
+// a push interrupted by a failure resumes at file granularity, because blobs the registry
+// already has are skipped; identical files (between checkpoints of the same container, or
+// empty files) are stored once; and nothing is re-packed: the files go to the registry as they
+// are on disk and come back as files, without the tar round trip that makes containerd's own
+// export/import slow. Files are not compressed: CRIU pages images of model weights and KV caches
+// barely compress, and compression would cost more CPU time than it saves on a fast link.
+//
+// # What is checked
+//
+// Push verifies the checkpoint against its berth.json (oci.Verify) before uploading, and the
+// registry checks each blob's digest on upload. Pull checks, before creating the destination
+// directory: the manifest's digest (and the reference's, for a digest reference), the artifact
+// and config media types, every layer title (relative, clean, no "..": archive.ErrUnsafePath),
+// the file count and sizes against Options.Limits, and that the layers are exactly berth.json's
+// files. It then writes each file through an os.Root on the new directory, verifying each
+// blob's size and digest while it streams, and finally runs oci.ReadManifest and oci.Verify on
+// the result. A failed Pull removes the directory it created.
+//
+// What belongs here: the checkpoint's OCI artifact form and moving it to and from a registry.
+// What does not: the berth manifest and digests (package oci), the tar form (oci/archive),
+// direct node-to-node transfer (oci/transfer), restoring (shim).
+package registry

@@ -1,0 +1,125 @@
+package oci
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// StampDir is the directory inside a checkpoint root where a receiver records the checkpoints it
+// has verified (one JSON stamp per checkpoint name). Names starting with "." are never
+// checkpoints (transfer.ValidName), so it cannot collide with one.
+const StampDir = ".verified"
+
+// stamp records, for a checkpoint verified against its manifest, the manifest's digest and the
+// identity of every file as the kernel reports it (size, inode, change time). Change time cannot
+// be set by a user: any write, truncate, chmod or replacement of a file changes it.
+type stamp struct {
+	Manifest string      `json:"manifest"`
+	Files    []stampFile `json:"files"`
+}
+
+type stampFile struct {
+	Path    string `json:"path"`
+	Size    int64  `json:"size"`
+	Ino     uint64 `json:"ino"`
+	CtimeNs int64  `json:"ctimeNs"`
+}
+
+func stampPath(dir string) string {
+	return filepath.Join(filepath.Dir(dir), StampDir, filepath.Base(dir)+".json")
+}
+
+// WriteStamp records that the checkpoint directory dir has just been verified against its
+// berth.json (VerifyStamped then skips re-reading files that have not changed since). The stamp
+// goes to <parent of dir>/.verified/<name>.json with mode 0600. Errors: reading berth.json or
+// a file's metadata, writing the stamp.
+func WriteStamp(dir string, m *Manifest) error {
+	st, err := currentStamp(dir, m)
+	if err != nil {
+		return fmt.Errorf("stamp %s: %w", dir, err)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	p := stampPath(dir)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("stamp %s: %w", dir, err)
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("stamp %s: %w", dir, err)
+	}
+	return os.Rename(tmp, p)
+}
+
+// VerifyStamped verifies dir against m like Verify, except that when a stamp written by
+// WriteStamp matches m's berth.json and every file's size, inode and change time, the files'
+// digests are taken as verified without reading them. It reports whether the stamp was used.
+// Errors are Verify's.
+func VerifyStamped(dir string, m *Manifest) (bool, error) {
+	if b, err := os.ReadFile(stampPath(dir)); err == nil {
+		var old stamp
+		if json.Unmarshal(b, &old) == nil {
+			if cur, err := currentStamp(dir, m); err == nil && equalStamps(old, cur) {
+				known := make(map[string]string, len(m.Files))
+				for _, f := range m.Files {
+					known[f.Path] = f.Digest
+				}
+				return true, VerifyDigests(dir, m, known)
+			}
+		}
+	}
+	return false, Verify(dir, m)
+}
+
+func currentStamp(dir string, m *Manifest) (stamp, error) {
+	raw, err := ReadManifestBytes(dir)
+	if err != nil {
+		return stamp{}, err
+	}
+	sum := sha256.Sum256(raw)
+	st := stamp{Manifest: DigestAlgorithm + hex.EncodeToString(sum[:])}
+	for _, f := range m.Files {
+		if !ValidFilePath(f.Path) {
+			return stamp{}, fmt.Errorf("%s: %w", f.Path, ErrInvalidManifest)
+		}
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(f.Path)))
+		if err != nil {
+			return stamp{}, err
+		}
+		sys, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || !fi.Mode().IsRegular() {
+			return stamp{}, fmt.Errorf("%s: %w", f.Path, fs.ErrInvalid)
+		}
+		st.Files = append(st.Files, stampFile{Path: f.Path, Size: fi.Size(), Ino: sys.Ino, CtimeNs: sys.Ctim.Nano()})
+	}
+	return st, nil
+}
+
+func equalStamps(a, b stamp) bool {
+	if a.Manifest != b.Manifest || len(a.Files) != len(b.Files) {
+		return false
+	}
+	for i := range a.Files {
+		if a.Files[i] != b.Files[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// RemoveStamp removes dir's stamp, if any.
+func RemoveStamp(dir string) error {
+	if err := os.Remove(stampPath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
