@@ -80,13 +80,13 @@ func phaseOf(ps []phase, name string) time.Duration {
 	return 0
 }
 
-// migrateResult is what one size measured on the three paths.
-type migrateResult struct {
-	mib int
+// sample is what one round measured on the three paths.
+type sample struct {
 	// raw CRIU on one node: `ctr tasks checkpoint --image-path` and a restore of that directory.
 	rawDump, rawRestore time.Duration
 	rawBytes            int64
 	rawStats            berthoci.CRIUStats
+	rawRestoreStats     criu.RestoreStats
 	// digestPass is one oci.DigestDir over the raw dump (page cache hot); copySync is a copy of
 	// it with fsync: what one sha256 pass and one durable write of the image cost on this machine.
 	digestPass, copySync time.Duration
@@ -96,18 +96,65 @@ type migrateResult struct {
 	berthPhases  []phase
 	berthSummary string
 	berthReady   time.Duration // from migrate's exit to /healthz answering on the destination
+	// berthCRIURestore is the destination shim's runc/CRIU restore inside Start (its log's restore_ms).
+	berthCRIURestore time.Duration
 	// ctr: checkpoint, stop-source, export, import, restore.
 	ctrPhases []phase
 	ctrBytes  int64
 }
 
-func (r migrateResult) rawSum() time.Duration { return r.rawDump + r.rawRestore }
+func (s sample) rawSum() time.Duration { return s.rawDump + s.rawRestore }
+func (s sample) ctrSum() time.Duration { return sumPhases(s.ctrPhases) }
+
+// migrateResult is what one size measured: one sample per round.
+type migrateResult struct {
+	mib     int
+	samples []sample
+}
+
+// med is the median over the rounds of f.
+func (r migrateResult) med(f func(sample) time.Duration) time.Duration {
+	var ds []time.Duration
+	for _, s := range r.samples {
+		ds = append(ds, f(s))
+	}
+	return median(ds)
+}
+
+// medPhases is the per-name median of the phases f returns, in the first round's order.
+func (r migrateResult) medPhases(f func(sample) []phase) []phase {
+	var out []phase
+	if len(r.samples) == 0 {
+		return nil
+	}
+	for _, p := range f(r.samples[0]) {
+		out = append(out, phase{p.name, r.med(func(s sample) time.Duration { return phaseOf(f(s), p.name) })})
+	}
+	return out
+}
+
+// benchRounds is how many rounds BenchmarkMigrate runs per size (BERTH_BENCH_ROUNDS, default 3):
+// the medians are what the table shows. This VM gives memory it had freed back to its host (virtio
+// balloon free page reporting), so whichever path first touches fresh memory after a pause pays
+// host page faults: single rounds vary by 2-10x in a phase.
+func benchRounds(b *testing.B) int {
+	v := os.Getenv("BERTH_BENCH_ROUNDS")
+	if v == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("BERTH_BENCH_ROUNDS=%q: want a count >= 1", v)
+	}
+	return n
+}
 
 // BenchmarkMigrate moves the inference workload holding 256 MiB and 1 GiB between two local
 // nodes, measuring raw CRIU on one node, berthctl migrate, and the ctr checkpoint/export/import/
 // restore path, and prints a table with berth/raw and ctr/berth.
 func BenchmarkMigrate(b *testing.B) {
 	c := needCluster(b)
+	prewarm := prewarmMemory(b)
 	var results []migrateResult
 	for _, mib := range benchSizes(b) {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
@@ -116,18 +163,62 @@ func BenchmarkMigrate(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				r = benchMigrateSize(b, c, mib)
 			}
-			b.ReportMetric(0, "ns/op") // the iteration includes setup: report the phases instead
-			b.ReportMetric(r.rawSum().Seconds(), "raw-s")
-			b.ReportMetric(r.berthWall.Seconds(), "berth-s")
-			b.ReportMetric(sumPhases(r.ctrPhases).Seconds(), "ctr-s")
-			b.ReportMetric(ratio(r.berthWall, r.rawSum()), "berth/raw")
-			b.ReportMetric(ratio(sumPhases(r.ctrPhases), r.berthWall), "ctr/berth")
+			raw, berth, ctr := r.med(sample.rawSum), r.med(func(s sample) time.Duration { return s.berthWall }), r.med(sample.ctrSum)
+			b.ReportMetric(0, "ns/op") // an iteration includes setup and rounds: report the medians instead
+			b.ReportMetric(raw.Seconds(), "raw-s")
+			b.ReportMetric(berth.Seconds(), "berth-s")
+			b.ReportMetric(ctr.Seconds(), "ctr-s")
+			b.ReportMetric(ratio(berth, raw), "berth/raw")
+			b.ReportMetric(ratio(ctr, berth), "ctr/berth")
 			results = append(results, r)
 		})
 	}
 	if len(results) > 0 {
+		fmt.Println()
+		fmt.Println(prewarm)
 		printMigrateTable(os.Stdout, results)
 	}
+}
+
+// prewarmMemory touches BERTH_BENCH_PREWARM_MIB (default 8192, at most MemAvailable less 4 GiB; 0:
+// none) of anonymous memory twice and frees it, returning a line with both times. On the VMs
+// these benchmarks run on, guest memory not touched for a while is backed by the host only on
+// first touch (about 2.4 s/GiB against 0.7 s/GiB once warm): without this, whichever path first
+// needs fresh memory pays that, and berth's restore (the move holding the most memory at once)
+// measured 2-3 s in CRIU's page reads for 1 GiB instead of 0.6 s. Warming makes the three paths
+// pay the same.
+func prewarmMemory(b *testing.B) string {
+	mib := 8192
+	if v := os.Getenv("BERTH_BENCH_PREWARM_MIB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("BERTH_BENCH_PREWARM_MIB=%q: want MiB >= 0", v)
+		}
+		mib = n
+	}
+	if avail := memAvailableMiB(); avail > 0 && int64(mib) > avail-4096 {
+		mib = int(max(avail-4096, 0))
+	}
+	if mib == 0 {
+		return "memory not prewarmed"
+	}
+	var times []string
+	for range 2 {
+		n := mib << 20
+		mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			b.Fatalf("prewarm %d MiB: %v", mib, err)
+		}
+		t := time.Now()
+		for i := 0; i < n; i += os.Getpagesize() {
+			mem[i] = 1
+		}
+		times = append(times, sec(time.Since(t)))
+		if err := unix.Munmap(mem); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return fmt.Sprintf("memory prewarmed: touching %d MiB of fresh anonymous memory took %s s, then %s s", mib, times[0], times[1])
 }
 
 func ratio(a, b time.Duration) float64 {
@@ -196,8 +287,10 @@ func waitHealthz(ctx context.Context, pid uint32, d time.Duration) error {
 	return client.WaitReady(ctx, client.Target{BaseURL: "http://" + inferListen, DialContext: node.NetnsDialer(int(pid))}, 20*time.Millisecond)
 }
 
+// benchMigrateSize runs the rounds for one size; each round runs the three paths in a rotated
+// order (raw, berth, ctr; berth, ctr, raw; ...) so that no path always runs first.
 func benchMigrateSize(b *testing.B, c *node.Cluster, mib int) migrateResult {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	r := migrateResult{mib: mib}
 	work := filepath.Join(filepath.Dir(c.Nodes[0].Dir), fmt.Sprintf("bench-%d", mib))
@@ -205,19 +298,26 @@ func benchMigrateSize(b *testing.B, c *node.Cluster, mib int) migrateResult {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(work) })
-	b.StopTimer()
-	benchRaw(ctx, b, c.Nodes[0], mib, work, &r)
-	benchBerth(ctx, b, c, mib, work, &r)
-	benchCtr(ctx, b, c.Nodes[0], c.Nodes[1], mib, work, &r)
-	b.StartTimer()
+	paths := []func(round int, s *sample){
+		func(round int, s *sample) { benchRaw(ctx, b, c.Nodes[0], mib, round, work, s) },
+		func(round int, s *sample) { benchBerth(ctx, b, c, mib, round, work, s) },
+		func(round int, s *sample) { benchCtr(ctx, b, c.Nodes[0], c.Nodes[1], mib, round, work, s) },
+	}
+	for round := 0; round < benchRounds(b); round++ {
+		var s sample
+		for i := range paths {
+			paths[(round+i)%len(paths)](round, &s)
+		}
+		r.samples = append(r.samples, s)
+	}
 	return r
 }
 
 // benchRaw: `ctr tasks checkpoint --image-path` of a runc.v2 container, then a new container on
 // the same node whose task is restored by runc/CRIU from that directory (containerd's
 // WithRestoreImagePath: no content store, no archive, no digests).
-func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib int, work string, r *migrateResult) {
-	id := fmt.Sprintf("bench-raw-%d", mib)
+func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib, round int, work string, r *sample) {
+	id := fmt.Sprintf("bench-raw-%d-%d", mib, round)
 	rid := id + "-r"
 	startInfer(ctx, b, n, id, runcRuntime, mib)
 	images, dumpWork, restoreWork := filepath.Join(work, "raw-images"), filepath.Join(work, "raw-dump-work"), filepath.Join(work, "raw-restore-work")
@@ -263,6 +363,9 @@ func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib int, work str
 		b.Fatalf("raw restore of %s: %v (restore log %s)", id, err, filepath.Join(restoreWork, "restore.log"))
 	}
 	r.rawRestore = time.Since(t)
+	if r.rawRestoreStats, err = criu.ReadRestoreStats(restoreWork); err != nil {
+		r.rawRestoreStats, _ = criu.ReadRestoreStats(images)
+	}
 	if st, err := task.Status(nctx); err != nil || st.Status != containerd.Running {
 		b.Fatalf("raw restore of %s: task is %v (%v)", id, st.Status, err)
 	}
@@ -290,9 +393,9 @@ func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib int, work str
 var phaseLine = regexp.MustCompile(`^\s+(\S+)\s+([0-9.]+) ms$`)
 
 // benchBerth: berthctl migrate from node1 to node2 (berth runtime), as test/scenario does.
-func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, work string, r *migrateResult) {
+func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib, round int, work string, r *sample) {
 	src, dst := c.Nodes[0], c.Nodes[1]
-	id := fmt.Sprintf("bench-berth-%d", mib)
+	id := fmt.Sprintf("bench-berth-%d-%d", mib, round)
 	destID := id + "-moved"
 	name := id + "-ckpt"
 	startInfer(ctx, b, src, id, berthRuntime, mib)
@@ -314,22 +417,13 @@ func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wor
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	r.berthSummary = lines[0]
-	criuDumps := 0
 	for _, l := range lines[1:] {
-		m := phaseLine.FindStringSubmatch(l)
-		if m == nil {
-			continue
+		if m := phaseLine.FindStringSubmatch(l); m != nil {
+			ms, _ := strconv.ParseFloat(m[2], 64)
+			r.berthPhases = append(r.berthPhases, phase{m[1], time.Duration(ms * float64(time.Millisecond))})
 		}
-		ms, _ := strconv.ParseFloat(m[2], 64)
-		nm := m[1]
-		if nm == "checkpoint/criu-dump" { // the first is migrate's (the shim's call), the second the shim's own
-			criuDumps++
-			if criuDumps == 2 {
-				nm = "checkpoint/shim-criu-dump"
-			}
-		}
-		r.berthPhases = append(r.berthPhases, phase{nm, time.Duration(ms * float64(time.Millisecond))})
 	}
+	r.berthCRIURestore = shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
 	pid, _, err := dst.TaskPID(ctx, destID)
 	if err != nil {
 		b.Fatal(err)
@@ -348,8 +442,8 @@ func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wor
 // checkpoint into node1's content store, stop the source (the same id is restored on node2, and
 // the nodes share runc's state root), images export, images import on node2, ctr containers
 // restore --live --rw (the checkpoint names the runtime, runc.v2; the base image is on node2).
-func benchCtr(ctx context.Context, b *testing.B, src, dst *node.Node, mib int, work string, r *migrateResult) {
-	id := fmt.Sprintf("bench-ctr-%d", mib)
+func benchCtr(ctx context.Context, b *testing.B, src, dst *node.Node, mib, round int, work string, r *sample) {
+	id := fmt.Sprintf("bench-ctr-%d-%d", mib, round)
 	ref := fmt.Sprintf("localhost/berth/ckpt-%s:1", id)
 	tar := filepath.Join(work, id+".tar")
 	startInfer(ctx, b, src, id, runcRuntime, mib)
@@ -399,6 +493,27 @@ func benchCtr(ctx context.Context, b *testing.B, src, dst *node.Node, mib int, w
 		b.Fatalf("ctr path: restored %s on %s is %q (%v)", id, dst.Name, st, err)
 	}
 	cleanup()
+}
+
+// shimLogMs returns field (milliseconds) of the last line of a containerd log that holds msg and
+// id=ID; 0 when there is none.
+func shimLogMs(logPath, msg, id, field string) time.Duration {
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		return 0
+	}
+	re := regexp.MustCompile(regexp.QuoteMeta(field) + `=([0-9.]+)`)
+	var d time.Duration
+	for _, l := range strings.Split(string(data), "\n") {
+		if !strings.Contains(l, msg) || !strings.Contains(l, " id="+id+" ") {
+			continue
+		}
+		if m := re.FindStringSubmatch(l); m != nil {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			d = time.Duration(v * float64(time.Millisecond))
+		}
+	}
+	return d
 }
 
 func dirBytes(dir string) int64 {
@@ -451,50 +566,79 @@ func ms(d time.Duration) string  { return fmt.Sprintf("%.0f", float64(d.Microsec
 func sec(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()) }
 
 func printMigrateTable(w io.Writer, rs []migrateResult) {
+	dur := func(f func(sample) time.Duration) func(migrateResult) time.Duration {
+		return func(r migrateResult) time.Duration { return r.med(f) }
+	}
+	rawDump := dur(func(s sample) time.Duration { return s.rawDump })
+	rawRestore := dur(func(s sample) time.Duration { return s.rawRestore })
+	rawSum := dur(sample.rawSum)
+	berth := dur(func(s sample) time.Duration { return s.berthWall })
+	ctrSum := dur(sample.ctrSum)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Moving a running container (one run; seconds; 2-core VM, noisy: read the ratios)")
+	fmt.Fprintf(w, "Moving a running container (seconds, medians of %d rounds in this run; 2-core VM, noisy: read the ratios)\n", len(rs[0].samples))
 	fmt.Fprintln(w, "| size | raw dump | raw restore | raw sum | berth migrate (wall) | ctr path (sum) | berth/raw (target <= 2) | ctr/berth (target >= 10) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %d MiB | %s | %s | %s | %s | %s | %.2f | %.2f |\n", r.mib, sec(r.rawDump), sec(r.rawRestore), sec(r.rawSum()),
-			sec(r.berthWall), sec(sumPhases(r.ctrPhases)), ratio(r.berthWall, r.rawSum()), ratio(sumPhases(r.ctrPhases), r.berthWall))
+		fmt.Fprintf(w, "| %d MiB | %s | %s | %s | %s | %s | %.2f | %.2f |\n", r.mib, sec(rawDump(r)), sec(rawRestore(r)), sec(rawSum(r)),
+			sec(berth(r)), sec(ctrSum(r)), ratio(berth(r), rawSum(r)), ratio(ctrSum(r), berth(r)))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Phases (ms)")
+	fmt.Fprintln(w, "Per round (s): raw sum / berth wall / ctr sum -> berth/raw, ctr/berth")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%d MiB:\n", r.mib)
-		fmt.Fprintf(w, "  raw:   dump %s (CRIU frozen %.0f, memdump %.0f, memwrite %.0f; %d MiB of images), restore %s\n",
-			ms(r.rawDump), float64(r.rawStats.FrozenTimeUs)/1000, float64(r.rawStats.MemdumpTimeUs)/1000,
-			float64(r.rawStats.MemwriteTimeUs)/1000, r.rawBytes>>20, ms(r.rawRestore))
-		fmt.Fprintf(w, "  this machine, on that image: one sha256 pass (oci.DigestDir, cache hot) %s, one copy with fsync %s\n",
-			ms(r.digestPass), ms(r.copySync))
-		fmt.Fprintf(w, "  berth: %s\n", r.berthSummary)
 		var parts []string
-		for _, p := range r.berthPhases {
-			parts = append(parts, fmt.Sprintf("%s %s", p.name, ms(p.d)))
+		for _, s := range r.samples {
+			parts = append(parts, fmt.Sprintf("%s / %s / %s -> %.2f, %.2f", sec(s.rawSum()), sec(s.berthWall), sec(s.ctrSum()),
+				ratio(s.berthWall, s.rawSum()), ratio(s.ctrSum(), s.berthWall)))
 		}
-		fmt.Fprintf(w, "         %s\n", strings.Join(parts, ", "))
-		fmt.Fprintf(w, "         derived: %s\n", berthDerived(r))
+		fmt.Fprintf(w, "  %d MiB: %s\n", r.mib, strings.Join(parts, "; "))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Phases (ms, per-phase medians)")
+	for _, r := range rs {
+		last := r.samples[len(r.samples)-1]
+		st := last.rawStats
+		fmt.Fprintf(w, "%d MiB:\n", r.mib)
+		fmt.Fprintf(w, "  raw:   dump %s, restore %s (last round: CRIU dump frozen %.0f, memdump %.0f, memwrite %.0f; CRIU restore %.0f; %d MiB of images)\n",
+			ms(rawDump(r)), ms(rawRestore(r)), float64(st.FrozenTimeUs)/1000, float64(st.MemdumpTimeUs)/1000,
+			float64(st.MemwriteTimeUs)/1000, float64(last.rawRestoreStats.RestoreTimeUs)/1000, last.rawBytes>>20)
+		fmt.Fprintf(w, "  this machine, on that image: one sha256 pass (oci.DigestDir, cache hot) %s, one copy with fsync %s\n",
+			ms(r.med(func(s sample) time.Duration { return s.digestPass })), ms(r.med(func(s sample) time.Duration { return s.copySync })))
+		fmt.Fprintf(w, "  berth: %s\n", last.berthSummary)
+		bp := r.medPhases(func(s sample) []phase { return s.berthPhases })
+		fmt.Fprintf(w, "         %s\n", joinPhases(bp))
+		fmt.Fprintf(w, "         derived: %s; runc/CRIU restore in the shim's Start %s\n", berthDerived(bp),
+			ms(r.med(func(s sample) time.Duration { return s.berthCRIURestore })))
 		fmt.Fprintf(w, "         wall %s (berthctl start and client connects: %s over the phases); destination /healthz answered %s after exit\n",
-			ms(r.berthWall), ms(r.berthWall-phaseOf(r.berthPhases, "total")), ms(r.berthReady))
-		parts = parts[:0]
-		for _, p := range r.ctrPhases {
-			parts = append(parts, fmt.Sprintf("%s %s", p.name, ms(p.d)))
-		}
-		fmt.Fprintf(w, "  ctr:   %s; sum %s; exported tar %d MiB\n", strings.Join(parts, ", "), ms(sumPhases(r.ctrPhases)), r.ctrBytes>>20)
+			ms(berth(r)), ms(r.med(func(s sample) time.Duration { return s.berthWall - phaseOf(s.berthPhases, "total") })),
+			ms(r.med(func(s sample) time.Duration { return s.berthReady })))
+		cp := r.medPhases(func(s sample) []phase { return s.ctrPhases })
+		fmt.Fprintf(w, "  ctr:   %s; sum %s; exported tar %d MiB\n", joinPhases(cp), ms(ctrSum(r)), last.ctrBytes>>20)
 	}
 }
 
-// berthDerived splits berth's checkpoint phase using the printed phases: the migrate-side
-// criu-dump includes the shim's CRIU call, its fingerprint and the shim's manifest (a sha256 pass
-// over the images); the checkpoint phase's rest is the outer manifest (a second sha256 pass).
-func berthDerived(r migrateResult) string {
-	p := func(n string) time.Duration { return phaseOf(r.berthPhases, n) }
-	outerDump := p("checkpoint/criu-dump")
-	shimManifest := outerDump - p("checkpoint/shim-criu-dump") - p("checkpoint/fingerprint")
-	outerManifest := p("checkpoint") - p("checkpoint/pause") - outerDump - p("checkpoint/rootfs-diff")
-	return fmt.Sprintf("CRIU (shim) %s, shim manifest digest %s, outer manifest digest %s; transfer (stream+verify+fsync) %s, restore (create+verify+CRIU) %s",
-		ms(p("checkpoint/shim-criu-dump")), ms(shimManifest), ms(outerManifest), ms(p("transfer")), ms(p("restore")))
+func joinPhases(ps []phase) string {
+	var parts []string
+	for _, p := range ps {
+		parts = append(parts, fmt.Sprintf("%s %s", p.name, ms(p.d)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// berthDerived splits berth's checkpoint phase with the printed phases: the shim's checkpoint call
+// (checkpoint/shim-checkpoint) holds CRIU's dump (checkpoint/shim/criu-dump), the fingerprint and
+// the shim's manifest (a sha256 pass over the CRIU images); what the checkpoint phase holds beyond
+// pause, the shim's call and the rootfs diff is mostly the outer manifest (a second sha256 pass).
+func berthDerived(ps []phase) string {
+	p := func(n string) time.Duration { return phaseOf(ps, n) }
+	call, criuDump, fp := p("checkpoint/shim-checkpoint"), p("checkpoint/shim/criu-dump"), p("checkpoint/shim/fingerprint")
+	if call == 0 || criuDump == 0 {
+		return "(phase names not recognised)"
+	}
+	shimManifest := call - criuDump - fp
+	outer := p("checkpoint") - p("checkpoint/pause") - call - p("checkpoint/rootfs-diff")
+	return fmt.Sprintf("CRIU dump %s, shim manifest (sha256 pass) %s, outer manifest and files (sha256 pass) %s; "+
+		"transfer (stream+verify+fsync) %s, restore (create+verify+CRIU) %s",
+		ms(criuDump), ms(shimManifest), ms(outer), ms(p("transfer")), ms(p("restore")))
 }
 
 // BenchmarkStart compares container start latency (create, task create, start through the Go
