@@ -33,14 +33,14 @@ import (
 // it. Up to Options.Concurrency blobs are uploaded at once.
 //
 // Errors (wrapped, naming the reference and the registry): ErrNoTag for a reference without a
-// tag; oci.ReadManifest's and oci.Verify's errors for a checkpoint that is not intact;
+// tag; ErrUnauthorized when the registry wants credentials or refuses them; oci.ReadManifest's and oci.Verify's errors for a checkpoint that is not intact;
 // archive.Extract's for a bad archive; the registry's errors (oras-go's errcode.ErrorResponse,
 // for example 401 for wrong credentials) and network errors, naming the file being uploaded;
 // ctx's error when cancelled.
 func Push(ctx context.Context, src, ref string, opts Options) (Descriptor, error) {
 	desc, err := push(ctx, src, ref, opts)
 	if err != nil {
-		return Descriptor{}, fmt.Errorf("push %s to %s: %w", src, refName(ref), err)
+		return Descriptor{}, fmt.Errorf("push %s to %s: %w", src, refName(ref), classify(err))
 	}
 	return desc, nil
 }
@@ -119,7 +119,7 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 				name = oci.ManifestFile
 			}
 			if err := pushBlob(gctx, t, root, b.desc, b.path, config, pr); err != nil {
-				return fmt.Errorf("upload %s (%s, %d bytes): %w", name, b.desc.Digest, b.desc.Size, err)
+				return fmt.Errorf("upload %s (%s, %d bytes): %w", name, b.desc.Digest, b.desc.Size, shortURL(err))
 			}
 			return nil
 		})

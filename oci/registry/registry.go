@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"sync"
 
@@ -14,6 +15,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 	"oras.land/oras-go/v2/registry/remote/retry"
 
 	"github.com/berth-dev/berth/oci/archive"
@@ -58,7 +60,35 @@ var (
 	ErrLayerMismatch = errors.New("layers do not match berth.json")
 	// ErrNoTag: Push was given a reference without a tag.
 	ErrNoTag = errors.New("reference has no tag")
+	// ErrUnauthorized: the registry requires credentials and none were given, or it refused
+	// them (HTTP 401).
+	ErrUnauthorized = errors.New("registry requires valid credentials")
 )
+
+// shortURL drops the query from the URL of a failed request (an upload URL carries a long state
+// token that says nothing to a reader); other errors are returned as they are.
+func shortURL(err error) error {
+	ue, ok := err.(*url.Error)
+	if !ok {
+		return err
+	}
+	u, perr := url.Parse(ue.URL)
+	if perr != nil || u.RawQuery == "" {
+		return err
+	}
+	u.RawQuery = ""
+	return &url.Error{Op: ue.Op, URL: u.String(), Err: ue.Err}
+}
+
+// classify adds this package's sentinels to oras-go's errors where they mean one of them.
+func classify(err error) error {
+	var resp *errcode.ErrorResponse
+	if errors.Is(err, auth.ErrBasicCredentialNotFound) ||
+		(errors.As(err, &resp) && resp.StatusCode == http.StatusUnauthorized) {
+		return fmt.Errorf("%w: %w", ErrUnauthorized, err)
+	}
+	return err
+}
 
 // Descriptor describes a pushed checkpoint artifact: its OCI manifest's media type, digest and
 // size in bytes, and ArtifactType.

@@ -57,6 +57,8 @@ gobuild containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containe
 gobuild runc github.com/opencontainers/runc@$RUNC_VERSION
 gobuild crictl sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION
 gobuild checkpointctl github.com/checkpoint-restore/checkpointctl@$CHECKPOINTCTL_VERSION
+# the CNCF distribution registry: the loopback registry of the oci/registry tests (not in KEY: kept if present)
+REGISTRY_VERSION=v3.1.2; gobuild registry github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION
 for p in main/bridge ipam/host-local main/loopback meta/portmap; do
   b=${p##*/}
   [ -x "$PREFIX/cni/bin/$b" ] || { log "go install CNI $b"; GOBIN=$PREFIX/cni/bin go install github.com/containernetworking/plugins/plugins/$p@$CNI_VERSION; }

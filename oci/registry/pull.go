@@ -1,0 +1,262 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/internal/fsutil"
+)
+
+// Pull downloads the checkpoint artifact ref ("host[:port]/repository:tag" or "...@sha256:...")
+// into dir, which must not exist: Pull creates it (mode 0700; its parent must exist), with files
+// of mode 0600 and directories of mode 0700, since a checkpoint holds process memory. On any
+// error, dir and everything in it are removed: a failed Pull leaves nothing behind.
+//
+// Before creating dir, Pull checks the OCI manifest (digest, media types), every layer title
+// (archive.ErrUnsafePath for an absolute path, "..", or berth.json), the number of files and
+// their sizes against Options.Limits, and that the layers are exactly the files berth.json
+// lists. Each blob's size and digest are checked while it streams, and the result is verified
+// again with oci.ReadManifest and oci.Verify. Up to Options.Concurrency files are downloaded at
+// once.
+//
+// Errors (wrapped, naming the reference, the registry and dir): an error wrapping fs.ErrExist
+// when dir exists; ErrUnauthorized when the registry wants credentials or refuses them;
+// ErrNotCheckpoint, ErrLayerMismatch; archive.ErrUnsafePath,
+// archive.ErrDuplicateEntry, archive.ErrTooManyEntries, archive.ErrFileTooLarge,
+// archive.ErrTotalTooLarge; oci.ErrDigestMismatch for a blob whose content does not match its
+// digest (together with oras-go's content.ErrMismatchedDigest) or a file that fails oci.Verify,
+// and oci.Verify's other errors; oci.ParseManifest's for a bad berth.json; the registry's errors
+// (errdef.ErrNotFound for an unknown reference, errcode.ErrorResponse for 401 and others) and
+// network errors; ctx's error when cancelled.
+func Pull(ctx context.Context, ref, dir string, opts Options) error {
+	if err := pull(ctx, ref, dir, opts); err != nil {
+		return fmt.Errorf("pull %s into %s: %w", refName(ref), dir, classify(err))
+	}
+	return nil
+}
+
+func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
+	t, err := newTarget(ref, opts)
+	if err != nil {
+		return err
+	}
+	if err := t.ref.ValidateReference(); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return fmt.Errorf("%s: %w", dir, fs.ErrExist)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+
+	desc, rc, err := t.repo.FetchReference(ctx, t.ref.Reference)
+	if err != nil {
+		return fmt.Errorf("fetch manifest: %w", err)
+	}
+	if desc.Size > maxOCIManifestBytes {
+		rc.Close()
+		return fmt.Errorf("%w: manifest of %d bytes (at most %d)", ErrNotCheckpoint, desc.Size, maxOCIManifestBytes)
+	}
+	body, err := content.ReadAll(rc, desc)
+	rc.Close()
+	if err != nil {
+		return fmt.Errorf("fetch manifest %s: %w", desc.Digest, digestErr(err))
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(body, &man); err != nil {
+		return fmt.Errorf("%w: manifest %s: %w", ErrNotCheckpoint, desc.Digest, err)
+	}
+	if desc.MediaType != ocispec.MediaTypeImageManifest || man.MediaType != ocispec.MediaTypeImageManifest ||
+		man.ArtifactType != ArtifactType || man.Config.MediaType != ConfigMediaType {
+		return fmt.Errorf("%w: manifest %s has media type %q, artifact type %q, config media type %q (want %q, %q, %q)",
+			ErrNotCheckpoint, desc.Digest, man.MediaType, man.ArtifactType, man.Config.MediaType,
+			ocispec.MediaTypeImageManifest, ArtifactType, ConfigMediaType)
+	}
+	if err := checkLayers(man.Layers, opts.Limits.WithDefaults()); err != nil {
+		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	if man.Config.Size > oci.MaxManifestBytes || man.Config.Size < 0 {
+		return fmt.Errorf("manifest %s: %w: config of %d bytes", desc.Digest, oci.ErrInvalidManifest, man.Config.Size)
+	}
+
+	pr := &progress{fn: opts.Progress, total: man.Config.Size}
+	for _, l := range man.Layers {
+		pr.total += l.Size
+	}
+	pr.start()
+	config, err := fetchConfig(ctx, t, man.Config)
+	if err != nil {
+		return fmt.Errorf("fetch %s (%s): %w", oci.ManifestFile, man.Config.Digest, err)
+	}
+	pr.add(int64(len(config)))
+	m, err := oci.ParseManifest(config)
+	if err != nil {
+		return fmt.Errorf("%s (%s): %w", oci.ManifestFile, man.Config.Digest, err)
+	}
+	if err := matchLayers(man.Layers, m); err != nil {
+		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+
+	// Everything that can be checked without the files was: create dir.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := writeFile(root, oci.ManifestFile, config); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.concurrency())
+	for i, l := range man.Layers {
+		p := m.Files[i].Path
+		g.Go(func() error {
+			if err := pullFile(gctx, t, root, l, p, pr); err != nil {
+				return fmt.Errorf("fetch %s (%s, %d bytes): %w", p, l.Digest, l.Size, shortURL(err))
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	got, err := oci.ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	return oci.Verify(dir, got)
+}
+
+// checkLayers checks what an OCI manifest says about the files before anything is fetched.
+func checkLayers(layers []ocispec.Descriptor, lim archive.Limits) error {
+	if len(layers) > lim.MaxEntries {
+		return fmt.Errorf("%w: %d files (at most %d)", archive.ErrTooManyEntries, len(layers), lim.MaxEntries)
+	}
+	seen := make(map[string]bool, len(layers))
+	var total int64
+	for i, l := range layers {
+		title, ok := l.Annotations[ocispec.AnnotationTitle]
+		if l.MediaType != FileMediaType || !ok {
+			return fmt.Errorf("%w: layers[%d] %s: media type %q, title %q", ErrNotCheckpoint, i, l.Digest, l.MediaType, title)
+		}
+		if !oci.ValidFilePath(title) {
+			return fmt.Errorf("layers[%d] %q: %w: not a clean relative path inside the checkpoint", i, title, archive.ErrUnsafePath)
+		}
+		if seen[title] {
+			return fmt.Errorf("layers[%d] %q: %w", i, title, archive.ErrDuplicateEntry)
+		}
+		seen[title] = true
+		if l.Size < 0 || l.Size > lim.MaxFileBytes {
+			return fmt.Errorf("layers[%d] %q: %w: %d bytes (at most %d)", i, title, archive.ErrFileTooLarge, l.Size, lim.MaxFileBytes)
+		}
+		total += l.Size
+		if total > lim.MaxTotalBytes {
+			return fmt.Errorf("%w: more than %d bytes", archive.ErrTotalTooLarge, lim.MaxTotalBytes)
+		}
+	}
+	return nil
+}
+
+// matchLayers checks that layers are exactly m's files, in order.
+func matchLayers(layers []ocispec.Descriptor, m *oci.Manifest) error {
+	if len(layers) != len(m.Files) {
+		return fmt.Errorf("%w: %d layers, %d files", ErrLayerMismatch, len(layers), len(m.Files))
+	}
+	for i, f := range m.Files {
+		l := layers[i]
+		if title := l.Annotations[ocispec.AnnotationTitle]; title != f.Path || l.Size != f.Size || l.Digest.String() != f.Digest {
+			return fmt.Errorf("%w: layers[%d] is %q (%d bytes, %s), berth.json has %q (%d bytes, %s)",
+				ErrLayerMismatch, i, title, l.Size, l.Digest, f.Path, f.Size, f.Digest)
+		}
+	}
+	return nil
+}
+
+// fetchConfig fetches and verifies the config blob (berth.json).
+func fetchConfig(ctx context.Context, t *target, desc ocispec.Descriptor) ([]byte, error) {
+	rc, err := t.repo.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	data, err := content.ReadAll(rc, desc)
+	if err != nil {
+		return nil, digestErr(err)
+	}
+	return data, nil
+}
+
+// writeFile writes a small file under root, mode 0600; it must not exist.
+func writeFile(root *os.Root, name string, data []byte) error {
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// pullFile streams one blob into root/name (mode 0600, parents 0700), verifying its size and
+// digest on the way.
+func pullFile(ctx context.Context, t *target, root *os.Root, desc ocispec.Descriptor, name string, pr *progress) (retErr error) {
+	if parent := path.Dir(name); parent != "." {
+		if err := root.MkdirAll(parent, 0o700); err != nil {
+			return err
+		}
+	}
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := f.Close(); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+	rc, err := t.repo.Fetch(ctx, desc)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	vr := content.NewVerifyReader(rc, desc)
+	buf := make([]byte, 1<<20)
+	if _, err := io.CopyBuffer(fsutil.WriterOnly{W: f}, reader{r: vr, p: pr}, buf); err != nil {
+		return digestErr(err)
+	}
+	return digestErr(vr.Verify())
+}
+
+// digestErr adds oci.ErrDigestMismatch to oras-go's digest and size verification errors, so a
+// caller needs one sentinel for "the bytes are not what the digests say".
+func digestErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, content.ErrMismatchedDigest) || errors.Is(err, content.ErrTrailingData) {
+		return fmt.Errorf("%w: %w", oci.ErrDigestMismatch, err)
+	}
+	return err
+}
