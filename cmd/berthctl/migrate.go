@@ -85,7 +85,10 @@ already running on the destination host is used: the same path across a network.
 					return err
 				}
 				defer ln.Close()
-				rcv := &transfer.Receiver{Root: toRoot}
+				// The in-process receiver does not fsync: a migration restores the checkpoint at
+				// once, and if anything fails the source is resumed, so the copy never has to
+				// outlive a crash. A standalone `berthctl receive` keeps checkpoints durably.
+				rcv := &transfer.Receiver{Root: toRoot, NoSync: true}
 				go rcv.Serve(ctx, ln) //nolint:errcheck // ends with ln.Close
 				addr = ln.Addr().String()
 			}
