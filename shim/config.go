@@ -36,6 +36,9 @@ type Config struct {
 	// NVML), or "fake" (gpu/fake, for machines without a GPU; FakeGPURoot is its node directory).
 	GPU         string `toml:"gpu"`
 	FakeGPURoot string `toml:"fake_gpu_root"`
+	// NamespaceMappings allow restoring a checkpoint taken in one Kubernetes namespace into
+	// another, as "source:destination" entries. Default none: same namespace only.
+	NamespaceMappings []string `toml:"namespace_mappings"`
 	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
 	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`
 }

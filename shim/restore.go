@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/pkg/archive"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -42,6 +44,9 @@ func (p *restorePlan) cleanup() {
 // and containerd applies the rootfs diff.
 func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
 	ref := spec.Annotations[oci.AnnotationRestoreFrom]
+	if spec.Annotations[annotationContainerType] == "sandbox" {
+		ref = "" // a pod annotation also reaches the pod's sandbox (pause) container: never restore that
+	}
 	switch {
 	case ref == "" && r.Checkpoint == "":
 		return nil, nil
@@ -89,7 +94,21 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		}
 		plan.dir = dest
 	}
-	if plan.manifest, err = s.verify(ctx, plan.dir); err != nil {
+	verified := plan.dir
+	if _, err := os.Stat(filepath.Join(plan.dir, oci.ManifestFile)); errors.Is(err, os.ErrNotExist) {
+		// A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export): containerd
+		// writes rootfs-diff.tar, spec.dump and config.dump after the shim signed the CRIU images,
+		// so only checkpoint/berth.json exists and covers the images. `berthctl push` signs the
+		// whole archive; a local CRI archive's other files pass safe extraction only.
+		if _, err := os.Stat(filepath.Join(plan.dir, oci.ImagesDir, oci.ManifestFile)); err == nil {
+			verified = filepath.Join(plan.dir, oci.ImagesDir)
+			log.G(ctx).WithField("checkpoint", plan.dir).Warn("CRI checkpoint archive: only the CRIU images are covered by digests")
+		}
+	}
+	if plan.manifest, err = s.verify(ctx, verified); err != nil {
+		return nil, err
+	}
+	if err := s.checkNamespace(plan.dir, spec); err != nil {
 		return nil, err
 	}
 	plan.imagesDir = plan.dir
@@ -100,6 +119,39 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		plan.rootfsDiff = filepath.Join(plan.dir, oci.RootfsDiffFile)
 	}
 	return plan, nil
+}
+
+// annotationContainerType is the CRI annotation saying "sandbox" or "container".
+const annotationContainerType = "io.kubernetes.cri.container-type"
+
+// annotationSandboxNamespace is the CRI annotation with a container's Kubernetes namespace.
+const annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+
+// checkNamespace refuses to restore a checkpoint taken in one Kubernetes namespace into a pod of
+// another (a checkpoint holds the process's memory, secrets included), unless the shim config's
+// namespace_mappings allows "source:destination". The source namespace comes from the
+// checkpoint's spec.dump; checkpoints of containers outside Kubernetes have none and pass.
+func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
+	dst := spec.Annotations[annotationSandboxNamespace]
+	b, err := os.ReadFile(filepath.Join(dir, oci.SpecFile))
+	if err != nil || dst == "" {
+		return nil
+	}
+	var src specs.Spec
+	if err := json.Unmarshal(b, &src); err != nil {
+		return withClass(fmt.Errorf("checkpoint %s: %s: %w", dir, oci.SpecFile, err), errdefs.ErrInvalidArgument)
+	}
+	from := src.Annotations[annotationSandboxNamespace]
+	if from == "" || from == dst {
+		return nil
+	}
+	for _, m := range s.cfg.NamespaceMappings {
+		if m == from+":"+dst {
+			return nil
+		}
+	}
+	return withClass(fmt.Errorf("checkpoint %s was taken in Kubernetes namespace %q and may not be restored into namespace %q (allow it with namespace_mappings = [\"%s:%s\"] in the shim config)",
+		dir, from, dst, from, dst), errdefs.ErrPermissionDenied)
 }
 
 // verify reads dir's manifest, checks every digest and compares the fingerprint with this node's.
@@ -141,7 +193,13 @@ func (p *restorePlan) applyRootfsDiff(ctx context.Context, rootfs string) error 
 		return fmt.Errorf("open rootfs diff: %w", err)
 	}
 	defer f.Close()
-	if _, err := archive.Apply(ctx, rootfs, f); err != nil {
+	// containerd's own rw layer (CRI checkpoint archives) is gzip-compressed; berth's is plain
+	r, err := compression.DecompressStream(f)
+	if err != nil {
+		return fmt.Errorf("read rootfs diff %s: %w", p.rootfsDiff, err)
+	}
+	defer r.Close()
+	if _, err := archive.Apply(ctx, rootfs, r); err != nil {
 		return fmt.Errorf("apply %s to rootfs: %w", p.rootfsDiff, err)
 	}
 	return nil
@@ -170,6 +228,11 @@ type notFound struct{ error }
 func (notFound) NotFound()       {}
 func (e notFound) Unwrap() error { return e.error }
 
+type permissionDenied struct{ error }
+
+func (permissionDenied) Forbidden()      {}
+func (e permissionDenied) Unwrap() error { return e.error }
+
 type failedPrecondition struct{ error }
 
 func (failedPrecondition) FailedPrecondition() {}
@@ -185,6 +248,8 @@ func withClass(err, class error) error {
 		return notFound{err}
 	case errdefs.ErrFailedPrecondition:
 		return failedPrecondition{err}
+	case errdefs.ErrPermissionDenied:
+		return permissionDenied{err}
 	}
 	return err
 }

@@ -87,6 +87,8 @@ state = '{{.Dir}}/state'
         runtime_type = 'io.containerd.berth.v2'
         sandboxer = 'podsandbox'
         disable_pause_image_pull = true
+        pod_annotations = ['berth.dev/*']
+        container_annotations = ['berth.dev/*']
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['{{.CNIBin}}']
       conf_dir = '{{.Dir}}/cni'
