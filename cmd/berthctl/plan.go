@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-dev/berth/gpu/topology"
+	"github.com/berth-dev/berth/nri/alloc"
+	"github.com/berth-dev/berth/nri/node"
+	"github.com/berth-dev/berth/nri/plan"
+	"github.com/berth-dev/berth/nri/plugin"
+)
+
+func init() { subcommands = append(subcommands, planCmd, topologyCmd) }
+
+func planCmd() *cobra.Command {
+	var (
+		topoFile, sysfs, policy, occupied, occupiedCPUs, reserved, output string
+		gpus, cpus                                                        int
+	)
+	cmd := &cobra.Command{
+		Use:   "plan --topology FILE --gpus N [--cpus M] [--policy P] [--occupied 0,3] [-o json]",
+		Short: "Show where berth-nri would place a container on a node described by `nvidia-smi topo -m` text",
+		Long: "plan reads a node from the text `nvidia-smi topo -m` prints (paste your own) and prints the GPUs,\n" +
+			"CPUs and NUMA nodes berth-nri would give a container, and why. Without --sysfs the CPUs are\n" +
+			"those of the GPUs' CPU affinity (no SMT information); with --sysfs DIR they come from that\n" +
+			"sysfs tree (this node: /sys). -o json prints the GPU indices, CPU ids and NUMA node ids.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "" && output != "json" && output != "text" {
+				return fmt.Errorf("-o %q: want text or json", output)
+			}
+			pol, err := alloc.ParsePolicy(policy)
+			if err != nil {
+				return fmt.Errorf("--policy: %w", err)
+			}
+			req := plan.Request{GPUs: gpus, ExclusiveCPUs: cpus, Policy: pol}
+			for _, l := range []struct {
+				flag, s string
+				dst     *[]int
+			}{{"--occupied", occupied, &req.OccupiedGPUs}, {"--occupied-cpus", occupiedCPUs, &req.OccupiedCPUs}, {"--reserved-cpus", reserved, &req.ReservedCPUs}} {
+				if *l.dst, err = topology.ParseIDList(l.s); err != nil {
+					return fmt.Errorf("%s: %w", l.flag, err)
+				}
+			}
+			n, err := planNode(topoFile, sysfs)
+			if err != nil {
+				return err
+			}
+			res, err := plan.Plan(n, req)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			res.WriteText(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&topoFile, "topology", "", "file with the output of `nvidia-smi topo -m` (required)")
+	f.StringVar(&sysfs, "sysfs", "", "sysfs root to take the CPUs and NUMA nodes from (default: the topology's CPU affinity)")
+	f.IntVar(&gpus, "gpus", 0, "GPUs to choose")
+	f.IntVar(&cpus, "cpus", 0, "exclusive CPUs (0: the container shares the pool)")
+	f.StringVar(&policy, "policy", string(alloc.PolicyBestEffort), "NUMA policy: none, best-effort, restricted, single-numa-node")
+	f.StringVar(&occupied, "occupied", "", "GPU indices already taken (\"0,3\")")
+	f.StringVar(&occupiedCPUs, "occupied-cpus", "", "CPU ids already held exclusively (\"0-7\")")
+	f.StringVar(&reserved, "reserved-cpus", "", "CPU ids never given exclusively")
+	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	_ = cmd.MarkFlagRequired("topology")
+	return cmd
+}
+
+// planNode reads the topology file and builds the node berthctl plan works on.
+func planNode(topoFile, sysfs string) (*node.Node, error) {
+	f, err := os.Open(topoFile)
+	if err != nil {
+		return nil, fmt.Errorf("--topology: %w", err)
+	}
+	defer f.Close()
+	t, err := topology.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("--topology %s: %w", topoFile, err)
+	}
+	if sysfs == "" {
+		n, err := node.FromTopology(t)
+		if err != nil {
+			return nil, fmt.Errorf("--topology %s: %w", topoFile, err)
+		}
+		return n, nil
+	}
+	n, err := node.ReadSysfs(sysfs)
+	if err != nil {
+		return nil, fmt.Errorf("--sysfs: %w", err)
+	}
+	return n.WithGPUs(t, nil)
+}
+
+func topologyCmd() *cobra.Command {
+	var topoFile, sysfs, source, output string
+	cmd := &cobra.Command{
+		Use:   "topology [--topology FILE] [--sysfs /sys] [-o json]",
+		Short: "Show this node's model as berth-nri sees it: CPUs, NUMA nodes, memory, GPUs and their links",
+		Long: "topology builds the node model berth-nri would build: CPUs and NUMA nodes from sysfs, GPUs from\n" +
+			"--topology (`nvidia-smi topo -m` text) or, without it, from NVML when the NVIDIA driver is\n" +
+			"present (--gpu-source). On a machine without GPUs it shows CPUs and NUMA nodes only.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "" && output != "json" && output != "text" {
+				return fmt.Errorf("-o %q: want text or json", output)
+			}
+			cfg := plugin.DefaultConfig()
+			abs, err := filepath.Abs(sysfs)
+			if err != nil {
+				return err
+			}
+			cfg.SysfsRoot, cfg.TopologyFile, cfg.GPUSource = abs, topoFile, source
+			if topoFile != "" && source == "auto" {
+				cfg.GPUSource = "file"
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			n, _, err := plugin.LoadNode(cfg)
+			if err != nil {
+				return err
+			}
+			m := plan.Describe(n)
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(m)
+			}
+			m.WriteText(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&topoFile, "topology", "", "file with the output of `nvidia-smi topo -m` (default: NVML when present)")
+	f.StringVar(&sysfs, "sysfs", node.DefaultSysfsRoot, "sysfs root")
+	f.StringVar(&source, "gpu-source", "auto", "GPUs from: auto, file, nvml, none")
+	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	return cmd
+}

@@ -1,0 +1,163 @@
+package plugin
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/berth-dev/berth/gpu/topology"
+	"github.com/berth-dev/berth/nri/alloc"
+)
+
+// DefaultConfigPath is where berth-nri reads its configuration unless told otherwise.
+const DefaultConfigPath = "/etc/berth/nri.toml"
+
+// Config is berth-nri's configuration (TOML; contrib/nri/berth-nri.toml documents every key).
+type Config struct {
+	// Socket is the NRI socket containerd listens on. Default /var/run/nri/nri.sock.
+	Socket string `toml:"socket"`
+	// PluginName and PluginIndex identify the plugin to NRI ("40-berth"); the two-digit index
+	// orders it among plugins. Defaults "berth" and "40".
+	PluginName  string `toml:"plugin_name"`
+	PluginIndex string `toml:"plugin_index"`
+	// Policy is the node's NUMA policy: none, best-effort (default), restricted or
+	// single-numa-node; a pod overrides it with the annotation berth.dev/numa-policy.
+	Policy string `toml:"policy"`
+	// ReservedCPUs are CPU ids never given exclusively (Linux list, "0,112"). Default "".
+	ReservedCPUs string `toml:"reserved_cpus"`
+	// SysfsRoot is where sysfs is mounted (CPUs and NUMA nodes are read below it). Default /sys.
+	SysfsRoot string `toml:"sysfs_root"`
+	// GPUSource says where the GPUs come from: "file" (TopologyFile, the output of
+	// `nvidia-smi topo -m`, with UUIDs from GPUUUIDs/GPUUUIDsFile), "nvml" (the live node through
+	// NVML: UUIDs, device nodes, links, NUMA affinity), "none", or "auto" (default): "file" when
+	// TopologyFile is set, else NVML when it loads, else none.
+	GPUSource string `toml:"gpu_source"`
+	// TopologyFile holds the output of `nvidia-smi topo -m` for this node: the GPUs, their links
+	// and their CPU/NUMA affinity. Default "".
+	TopologyFile string `toml:"topology_file"`
+	// GPUUUIDs are the GPUs' UUIDs in index order ("GPU-..."); GPUUUIDsFile is a file with one
+	// UUID per line (`nvidia-smi --query-gpu=uuid --format=csv,noheader`). At most one of the two;
+	// without either, GPUs are named by index.
+	GPUUUIDs     []string `toml:"gpu_uuids"`
+	GPUUUIDsFile string   `toml:"gpu_uuids_file"`
+	// CDI gives chosen GPUs as CDI devices ("<cdi_kind>=<uuid or index>"; the runtime must have
+	// CDI enabled and a spec for them); false (default) gives device nodes (/dev/nvidiaN,
+	// /dev/nvidiactl and the UVM nodes present on the host) and NVIDIA_VISIBLE_DEVICES.
+	CDI     bool   `toml:"cdi"`
+	CDIKind string `toml:"cdi_kind"`
+	// DevRoot is where host device nodes are looked up for their major/minor numbers. Default /dev.
+	DevRoot string `toml:"dev_root"`
+	// RefreshSeconds is how often the node's inputs (sysfs online CPUs and nodes, the topology
+	// and UUID files) are checked for changes, which rebuild the model outside any request.
+	// 0 disables. Default 30.
+	RefreshSeconds int `toml:"refresh_seconds"`
+}
+
+// DefaultConfig returns the configuration used for keys a file does not set.
+func DefaultConfig() Config {
+	return Config{
+		Socket:         "/var/run/nri/nri.sock",
+		PluginName:     "berth",
+		PluginIndex:    "40",
+		Policy:         string(alloc.PolicyBestEffort),
+		GPUSource:      "auto",
+		SysfsRoot:      "/sys",
+		CDIKind:        "nvidia.com/gpu",
+		DevRoot:        "/dev",
+		RefreshSeconds: 30,
+	}
+}
+
+// LoadConfig reads the TOML file at path over DefaultConfig and validates it. A missing file is
+// an error only when mustExist is set (an explicitly named file). Errors name the file and key.
+func LoadConfig(path string, mustExist bool) (Config, error) {
+	cfg := DefaultConfig()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !mustExist {
+		return cfg, cfg.Validate()
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("read berth-nri config: %w", err)
+	}
+	dec := toml.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return cfg, fmt.Errorf("parse berth-nri config %s: unknown keys:\n%s: %w", path, strict.String(), err)
+		}
+		return cfg, fmt.Errorf("parse berth-nri config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("berth-nri config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+var pluginIndex = regexp.MustCompile(`^[0-9]{2}$`)
+
+// Validate checks every value and returns an error naming the key and value.
+func (c Config) Validate() error {
+	if c.Socket == "" {
+		return errors.New("socket: must not be empty")
+	}
+	if c.PluginName == "" {
+		return errors.New("plugin_name: must not be empty")
+	}
+	if !pluginIndex.MatchString(c.PluginIndex) {
+		return fmt.Errorf("plugin_index %q: want two digits", c.PluginIndex)
+	}
+	if _, err := alloc.ParsePolicy(c.Policy); err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	if _, err := topology.ParseIDList(c.ReservedCPUs); err != nil {
+		return fmt.Errorf("reserved_cpus: %w", err)
+	}
+	if !filepath.IsAbs(c.SysfsRoot) {
+		return fmt.Errorf("sysfs_root %q: must be an absolute path", c.SysfsRoot)
+	}
+	if !filepath.IsAbs(c.DevRoot) {
+		return fmt.Errorf("dev_root %q: must be an absolute path", c.DevRoot)
+	}
+	switch c.GPUSource {
+	case "auto", "none":
+	case "file":
+		if c.TopologyFile == "" {
+			return errors.New(`gpu_source = "file" needs topology_file`)
+		}
+	case "nvml":
+		if c.TopologyFile != "" {
+			return errors.New(`gpu_source = "nvml" reads the live node: unset topology_file`)
+		}
+	default:
+		return fmt.Errorf("gpu_source %q: want auto, file, nvml or none", c.GPUSource)
+	}
+	if len(c.GPUUUIDs) > 0 && c.GPUUUIDsFile != "" {
+		return errors.New("gpu_uuids and gpu_uuids_file: set at most one")
+	}
+	if (len(c.GPUUUIDs) > 0 || c.GPUUUIDsFile != "") && c.TopologyFile == "" {
+		return errors.New("gpu_uuids: set topology_file too (the UUIDs name its GPUs)")
+	}
+	if c.CDI && c.CDIKind == "" {
+		return errors.New("cdi_kind: must not be empty when cdi = true")
+	}
+	if c.RefreshSeconds < 0 {
+		return fmt.Errorf("refresh_seconds %d: must be >= 0", c.RefreshSeconds)
+	}
+	return nil
+}
+
+// Refresh returns RefreshSeconds as a duration (0: never).
+func (c Config) Refresh() time.Duration { return time.Duration(c.RefreshSeconds) * time.Second }
+
+// Reserved returns ReservedCPUs as CPU ids (Validate has checked it parses).
+func (c Config) Reserved() []int {
+	ids, _ := topology.ParseIDList(c.ReservedCPUs)
+	return ids
+}

@@ -1,0 +1,261 @@
+package plugin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/berth-dev/berth/gpu/topology"
+	"github.com/berth-dev/berth/nri/alloc"
+)
+
+// Annotation keys (see the package documentation).
+const (
+	AnnotationGPUs      = "berth.dev/gpus"
+	AnnotationPolicy    = "berth.dev/numa-policy"
+	AnnotationPlacement = "berth.dev/placement"
+)
+
+// EnvVisibleDevices is the NVIDIA container toolkit's variable naming a container's GPUs.
+const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+
+// ErrBadAnnotation: a berth annotation's value cannot be used; the message names key and value.
+var ErrBadAnnotation = errors.New("bad annotation")
+
+// maxGPUsAnnotation bounds berth.dev/gpus before it reaches the allocator (no node has more).
+const maxGPUsAnnotation = 1 << 10
+
+// annotation looks key up for container c of pod as the package documentation says; found
+// reports whether any of the three places has it, where names it for messages.
+func annotation(pod *api.PodSandbox, c *api.Container, key string) (value, where string, found bool) {
+	if v, ok := c.GetAnnotations()[key]; ok {
+		return v, "container annotation " + key, true
+	}
+	perCtr := key + ".container." + c.GetName()
+	if v, ok := pod.GetAnnotations()[perCtr]; ok {
+		return v, "pod annotation " + perCtr, true
+	}
+	if v, ok := pod.GetAnnotations()[key]; ok {
+		return v, "pod annotation " + key, true
+	}
+	return "", "", false
+}
+
+// parseGPUCount parses berth.dev/gpus: a whole number, 0 to maxGPUsAnnotation, nothing else.
+func parseGPUCount(v, where string) (int, error) {
+	s := strings.TrimSpace(v)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, fmt.Errorf("%w: %s=%q: want a whole number of GPUs (\"0\", \"1\", \"8\")", ErrBadAnnotation, where, v)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n > maxGPUsAnnotation {
+		return 0, fmt.Errorf("%w: %s=%q: too many GPUs", ErrBadAnnotation, where, v)
+	}
+	return n, nil
+}
+
+// containerName is "namespace/pod/container" for messages.
+func containerName(pod *api.PodSandbox, c *api.Container) string {
+	return pod.GetNamespace() + "/" + pod.GetName() + "/" + c.GetName()
+}
+
+// cpuRequest derives the exclusive CPU count and the CPU limit (milli-CPUs) from the container's
+// cgroup settings: an integer CPU limit (quota a whole multiple of period) whose request equals
+// it (shares == CPUs*1024, as the kubelet writes shares = milliCPU*1024/1000) gets that many
+// exclusive CPUs.
+func cpuRequest(c *api.Container) (exclusive int, milli int64) {
+	cpu := c.GetLinux().GetResources().GetCpu()
+	quota, period, shares := cpu.GetQuota().GetValue(), cpu.GetPeriod().GetValue(), cpu.GetShares().GetValue()
+	if quota <= 0 || period == 0 {
+		return 0, 0
+	}
+	milli = quota * 1000 / int64(period)
+	if quota%int64(period) != 0 {
+		return 0, milli
+	}
+	n := quota / int64(period)
+	if shares != uint64(n)*1024 {
+		return 0, milli
+	}
+	return int(n), milli
+}
+
+var devNode = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
+
+// containerGPUs returns the GPU indices the container already has (see the package doc), and
+// notes on names it could not use.
+func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
+	n := p.node
+	var gpus []int
+	var notes []string
+	all := func() {
+		for i := range n.NumGPUs() {
+			gpus = append(gpus, i)
+		}
+	}
+	byName := func(name, src string) {
+		switch {
+		case name == "all":
+			all()
+			return
+		case name == "" || name == "none" || name == "void":
+			return
+		}
+		if i, err := strconv.Atoi(name); err == nil && i >= 0 && i < n.NumGPUs() {
+			gpus = append(gpus, i)
+			return
+		}
+		if i, ok := n.GPUByUUID(name); ok {
+			gpus = append(gpus, i)
+			return
+		}
+		if parent, _, ok := strings.Cut(name, ":"); ok { // MIG "GPU:instance"
+			if i, err := strconv.Atoi(parent); err == nil && i >= 0 && i < n.NumGPUs() {
+				gpus = append(gpus, i)
+				return
+			}
+		}
+		notes = append(notes, fmt.Sprintf("%s names GPU %q, which is not a GPU of this node", src, name))
+	}
+	prefix := p.cfg.CDIKind + "="
+	for _, d := range c.GetCDIDevices() {
+		if name, ok := strings.CutPrefix(d.GetName(), prefix); ok {
+			byName(name, "CDI device "+d.GetName())
+		}
+	}
+	for _, kv := range c.GetEnv() {
+		v, ok := strings.CutPrefix(kv, EnvVisibleDevices+"=")
+		if !ok {
+			continue
+		}
+		if strings.TrimSpace(v) == "all" {
+			if len(c.GetCDIDevices()) == 0 {
+				notes = append(notes, EnvVisibleDevices+"=all in the environment alone is not taken as a GPU assignment")
+			}
+			continue
+		}
+		for name := range strings.SplitSeq(v, ",") {
+			byName(strings.TrimSpace(name), EnvVisibleDevices)
+		}
+	}
+	for _, d := range c.GetLinux().GetDevices() {
+		if i, ok := p.devPaths[d.GetPath()]; ok {
+			gpus = append(gpus, i)
+		} else if m := devNode.FindStringSubmatch(d.GetPath()); m != nil {
+			notes = append(notes, fmt.Sprintf("device %s is not a GPU of this node", d.GetPath()))
+		}
+	}
+	slices.Sort(gpus)
+	return slices.Compact(gpus), notes
+}
+
+// request turns an NRI container into an allocation request. Errors wrap ErrBadAnnotation or
+// alloc.ErrUnknownPolicy and name the annotation.
+func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, []string, error) {
+	r := alloc.Request{ID: c.GetId(), Name: "container " + containerName(pod, c), Policy: p.policy}
+	if v, where, ok := annotation(pod, c, AnnotationPolicy); ok {
+		pol, err := alloc.ParsePolicy(strings.TrimSpace(v))
+		if err != nil {
+			return r, nil, fmt.Errorf("%s: %w", where, err)
+		}
+		r.Policy = pol
+	}
+	r.ExclusiveCPUs, r.MilliCPU = cpuRequest(c)
+	assigned, notes := p.containerGPUs(c)
+	v, where, ok := annotation(pod, c, AnnotationGPUs)
+	if !ok {
+		r.AssignedGPUs = assigned
+		return r, notes, nil
+	}
+	n, err := parseGPUCount(v, where)
+	if err != nil {
+		return r, notes, err
+	}
+	switch {
+	case len(assigned) == 0:
+		r.GPUs = n
+	case n == len(assigned) || n == 0:
+		// Someone else already gave the GPUs (a device plugin honouring the same count): use them.
+		r.AssignedGPUs = assigned
+	default:
+		return r, notes, fmt.Errorf("%w: %s=%q, but the container already has GPUs %s", ErrBadAnnotation, where, v, topology.FormatIDList(assigned))
+	}
+	return r, notes, nil
+}
+
+// record is the JSON value of the berth.dev/placement annotation.
+type record struct {
+	CPUs      string   `json:"cpus"`
+	Exclusive bool     `json:"exclusive"`
+	Mems      string   `json:"mems,omitempty"`
+	NUMA      string   `json:"numa,omitempty"`
+	GPUs      string   `json:"gpus,omitempty"`
+	UUIDs     []string `json:"uuids,omitempty"`
+	Chosen    bool     `json:"chosen,omitempty"`
+	Policy    string   `json:"policy"`
+	Aligned   bool     `json:"aligned"`
+	Reason    string   `json:"reason,omitempty"`
+}
+
+func (p *Plugin) encodeRecord(pl alloc.Placement) string {
+	rec := record{
+		CPUs: topology.FormatIDList(pl.CPUs), Exclusive: pl.Exclusive, GPUs: topology.FormatIDList(pl.GPUs),
+		Chosen: pl.ChosenGPUs, Policy: string(pl.Policy), Aligned: pl.Aligned, Reason: pl.Reason,
+	}
+	if pl.Mems != nil {
+		rec.Mems = topology.FormatIDList(pl.Mems)
+	}
+	if pl.NUMANodes != nil {
+		rec.NUMA = topology.FormatIDList(pl.NUMANodes)
+	}
+	for _, g := range pl.GPUs {
+		if u := p.node.GPUUUID(g); u != "" {
+			rec.UUIDs = append(rec.UUIDs, u)
+		}
+	}
+	b, _ := json.Marshal(rec) // a struct of strings, bools and a string slice: cannot fail
+	return string(b)
+}
+
+// decodeRecord reads a berth.dev/placement value back into a placement (CPUs: the recorded
+// cpuset). GPUs named by UUID in the record win over indices, so a node whose GPU order
+// changed still books the right GPUs.
+func (p *Plugin) decodeRecord(id, v string) (alloc.Placement, error) {
+	var rec record
+	if err := json.Unmarshal([]byte(v), &rec); err != nil {
+		return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, AnnotationPlacement, err)
+	}
+	pl := alloc.Placement{ID: id, Exclusive: rec.Exclusive, ChosenGPUs: rec.Chosen, Policy: alloc.Policy(rec.Policy), Aligned: rec.Aligned}
+	var err error
+	lists := []struct {
+		s   string
+		dst *[]int
+	}{{rec.CPUs, &pl.CPUs}, {rec.Mems, &pl.Mems}, {rec.NUMA, &pl.NUMANodes}, {rec.GPUs, &pl.GPUs}}
+	for _, l := range lists {
+		if l.s == "" {
+			continue
+		}
+		if *l.dst, err = topology.ParseIDList(l.s); err != nil {
+			return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, AnnotationPlacement, err)
+		}
+	}
+	if len(rec.UUIDs) == len(pl.GPUs) && len(rec.UUIDs) > 0 {
+		var byUUID []int
+		for _, u := range rec.UUIDs {
+			if i, ok := p.node.GPUByUUID(u); ok {
+				byUUID = append(byUUID, i)
+			}
+		}
+		if len(byUUID) == len(rec.UUIDs) {
+			slices.Sort(byUUID)
+			pl.GPUs = byUUID
+		}
+	}
+	return pl, nil
+}
