@@ -53,7 +53,7 @@ func checkpointCmd() *cobra.Command {
 	}
 	inspect.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	inspect.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
-	cmd.AddCommand(inspect, checkpointCreateCmd())
+	cmd.AddCommand(inspect, checkpointCreateCmd(), checkpointSelectorCmd())
 	return cmd
 }
 

@@ -38,7 +38,8 @@ import (
 // restore remains the check; the labels only steer the scheduler to nodes that can pass it.
 //
 // Labels are left out when their field is empty (a node whose runc version could not be read has
-// no berth.dev/runc label, so selectors that need one do not match it). The GPU labels read
+// no berth.dev/runc label, so selectors that need one do not match it), and runc and containerd
+// also when their version does not parse (Compare then wants identical strings; the shim checks). The GPU labels read
 // "mixed" when a node's GPUs differ in that field; the fingerprint label pairs them by index.
 const (
 	// LabelPrefix is the namespace of every berth node label.
