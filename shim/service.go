@@ -254,7 +254,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: %w", r.ID, err))
 	}
 	start := s.deps.Now()
+	tail := startTailDigester(ctx, r.Path) // hash the images while CRIU writes them
 	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		tail.finish()
 		if g != nil {
 			g.abort(context.WithoutCancel(ctx)) // the workload keeps running, its GPUs unlocked
 		}
@@ -264,6 +266,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, err
 	}
 	dumped := s.deps.Now()
+	known := tail.finish()
 	var phases []oci.Phase
 	if g != nil {
 		for _, st := range g.steps {
@@ -308,6 +311,10 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	m.Phases = append(m.Phases, oci.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
 	t := s.deps.Now()
+	var err2 error
+	if m.Files, m.ImageSize, err2 = oci.DigestDirKnown(r.Path, known); err2 != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: digest images: %w", r.ID, err2))
+	}
 	if err := oci.WriteManifest(r.Path, m); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: write manifest: %w", r.ID, err))
 	}
