@@ -4,7 +4,7 @@ GO ?= go
 OUT := _output
 GOTEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all deps build demo test unit bench vet clean
+.PHONY: all deps build demo test bench vet clean gpu-check-bundle
 
 all: build
 
@@ -12,7 +12,7 @@ all: build
 deps:
 	bash test/stack/install.sh
 
-## build: the three binaries into _output/bin
+## build: containerd-shim-berth-v2, berthctl, berth-nri into _output/bin
 build:
 	$(GO) build -o $(OUT)/bin/ ./cmd/...
 
@@ -24,13 +24,16 @@ demo: deps build
 test: deps build vet
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-## unit: the tests that need neither root nor the stack
-unit:
-	BERTH_UNIT_ONLY=1 $(GO) test -count=1 ./...
-
 ## bench: benchmarks printing ratios measured in one run
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./test/e2e/
+
+## gpu-check-bundle: binaries and script for a real NVIDIA machine (test/gpu-check/README.md)
+gpu-check-bundle:
+	mkdir -p $(OUT)/gpu-check
+	CGO_ENABLED=1 $(GO) build -trimpath -o $(OUT)/gpu-check/ ./test/gpu-check/cmd/gpucheck ./cmd/berthctl
+	cp test/gpu-check/run.sh test/gpu-check/workload.py $(OUT)/gpu-check/
+	tar -C $(OUT) -czf $(OUT)/gpu-check.tar.gz gpu-check
 
 vet:
 	$(GO) vet ./...
