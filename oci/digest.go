@@ -125,12 +125,12 @@ func walkFiles(root *os.Root) ([]fileEntry, error) {
 				return err
 			}
 			if !info.Mode().IsRegular() { // replaced since the directory was read
-				return fmt.Errorf("%s: %w (%s)", p, ErrUnsupportedFile, fileTypeName(info.Mode()))
+				return fmt.Errorf("%s: %w (%s)", p, ErrUnsupportedFile, fsutil.TypeName(info.Mode()))
 			}
 			out = append(out, fileEntry{path: p, size: info.Size()})
 			return nil
 		default:
-			return fmt.Errorf("%s: %w (%s)", p, ErrUnsupportedFile, fileTypeName(t))
+			return fmt.Errorf("%s: %w (%s)", p, ErrUnsupportedFile, fsutil.TypeName(t))
 		}
 	})
 	if err != nil {
@@ -139,28 +139,6 @@ func walkFiles(root *os.Root) ([]fileEntry, error) {
 	// fs.WalkDir's order is per directory; a byte-wise sort of the whole path is the manifest's.
 	slices.SortFunc(out, func(a, b fileEntry) int { return cmp.Compare(a.path, b.path) })
 	return out, nil
-}
-
-// fileTypeName names a non-regular file type for error messages.
-func fileTypeName(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeSymlink != 0:
-		return "symlink"
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m.IsDir():
-		return "directory"
-	case m.IsRegular():
-		return "regular file"
-	default:
-		return "irregular file"
-	}
 }
 
 // hashResult is the outcome of hashing one file.
@@ -224,7 +202,7 @@ func hashFile(root *os.Root, path string, buf []byte) hashResult {
 		return hashResult{err: err}
 	}
 	if !info.Mode().IsRegular() {
-		return hashResult{err: fmt.Errorf("%s: %w (%s)", path, ErrUnsupportedFile, fileTypeName(info.Mode()))}
+		return hashResult{err: fmt.Errorf("%s: %w (%s)", path, ErrUnsupportedFile, fsutil.TypeName(info.Mode()))}
 	}
 	h := sha256.New()
 	// ReaderOnly hides (*os.File).WriteTo, which would bring its own 32 KiB buffer.

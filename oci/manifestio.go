@@ -140,7 +140,7 @@ func ReadManifestBytes(dir string) ([]byte, error) {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
 	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("read %s: %w (%s)", path, ErrUnsupportedFile, fileTypeName(info.Mode()))
+		return nil, fmt.Errorf("read %s: %w (%s)", path, ErrUnsupportedFile, fsutil.TypeName(info.Mode()))
 	}
 	f, err := os.Open(path)
 	if err != nil {

@@ -3,6 +3,7 @@ package oci
 import (
 	"errors"
 	"fmt"
+	"github.com/berth-dev/berth/oci/internal/fsutil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,7 +105,7 @@ func ResolveRestoreFrom(root, ref string) (string, error) {
 	}
 	if !info.IsDir() && !(info.Mode().IsRegular() && strings.HasSuffix(real, ArchiveExt)) {
 		return "", fmt.Errorf("%w: %q is a %s, not a checkpoint directory or %s archive",
-			ErrInvalidRef, ref, fileTypeName(info.Mode()), ArchiveExt)
+			ErrInvalidRef, ref, fsutil.TypeName(info.Mode()), ArchiveExt)
 	}
 	return real, nil
 }

@@ -96,7 +96,7 @@ func New(dir string) (*Archive, error) {
 		case m.IsRegular():
 			entries = append(entries, entry{name: p, rel: p, size: info.Size(), mode: int64(m.Perm() & 0o644)})
 		default:
-			return fmt.Errorf("%s: %w (%s)", p, oci.ErrUnsupportedFile, typeName(m))
+			return fmt.Errorf("%s: %w (%s)", p, oci.ErrUnsupportedFile, fsutil.TypeName(m))
 		}
 		return nil
 	})
@@ -182,7 +182,7 @@ func writeFile(root *os.Root, tw *tar.Writer, e entry, buf []byte) error {
 	}
 	if !info.Mode().IsRegular() || info.Size() != e.size {
 		return fmt.Errorf("%s: %w: listed as a %d-byte regular file, now a %d-byte %s",
-			e.rel, ErrChanged, e.size, info.Size(), typeName(info.Mode()))
+			e.rel, ErrChanged, e.size, info.Size(), fsutil.TypeName(info.Mode()))
 	}
 	if err := tw.WriteHeader(e.header()); err != nil {
 		return err
@@ -238,26 +238,4 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-// typeName names a file type for error messages.
-func typeName(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeSymlink != 0:
-		return "symlink"
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m.IsDir():
-		return "directory"
-	case m.IsRegular():
-		return "regular file"
-	default:
-		return "irregular file"
-	}
 }

@@ -5,6 +5,7 @@ package fsutil
 
 import (
 	"io"
+	"io/fs"
 	"os"
 )
 
@@ -35,3 +36,25 @@ type WriterOnly struct{ W io.Writer }
 
 // Write writes to W.
 func (w WriterOnly) Write(p []byte) (int, error) { return w.W.Write(p) }
+
+// TypeName names a file type for error messages ("symlink", "named pipe", "regular file", ...).
+func TypeName(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	default:
+		return "irregular file"
+	}
+}
