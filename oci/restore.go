@@ -3,10 +3,11 @@ package oci
 import (
 	"errors"
 	"fmt"
-	"github.com/berth-dev/berth/oci/internal/fsutil"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/berth-dev/berth/oci/internal/fsutil"
 )
 
 // ArchiveExt is the file name extension of a checkpoint archive (a checkpoint directory written
