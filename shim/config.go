@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
@@ -41,6 +42,45 @@ type Config struct {
 	NamespaceMappings []string `toml:"namespace_mappings"`
 	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
 	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`
+	// AllowedRegistries are the registries ("host[:port]", exactly as in the reference) that
+	// berth.dev/restore-from may name with oci://. Default none: registry references are refused.
+	AllowedRegistries []string `toml:"allowed_registries"`
+	// RegistryPlainHTTP lists registries of AllowedRegistries talked to over plain HTTP (a
+	// registry on loopback); the others over HTTPS.
+	RegistryPlainHTTP []string `toml:"registry_plain_http"`
+	// RegistryConfig is a Docker config.json (absolute path) with credentials for the registries;
+	// "" pulls anonymously.
+	RegistryConfig string `toml:"registry_config"`
+}
+
+// RegistryAllowed reports whether host ("host[:port]") is in AllowedRegistries (host names
+// compare case-insensitively).
+func (c Config) RegistryAllowed(host string) bool { return hostIn(c.AllowedRegistries, host) }
+
+// RegistryPlain reports whether host is in RegistryPlainHTTP.
+func (c Config) RegistryPlain(host string) bool { return hostIn(c.RegistryPlainHTTP, host) }
+
+func hostIn(list []string, host string) bool {
+	for _, h := range list {
+		if host != "" && strings.EqualFold(h, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// validRegistryHost reports whether h looks like "host[:port]": no scheme, path, space or
+// control character.
+func validRegistryHost(h string) bool {
+	if h == "" || strings.ContainsAny(h, "/@") {
+		return false
+	}
+	for _, c := range h {
+		if c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // GPULockTimeout returns GPULockTimeoutMs as a duration.
@@ -110,6 +150,22 @@ func (c Config) Validate() error {
 	}
 	if c.GPULockTimeoutMs <= 0 {
 		return fmt.Errorf("gpu_lock_timeout_ms %d: must be positive", c.GPULockTimeoutMs)
+	}
+	for _, h := range c.AllowedRegistries {
+		if !validRegistryHost(h) {
+			return fmt.Errorf("allowed_registries: %q: want host[:port], without scheme or path", h)
+		}
+	}
+	for _, h := range c.RegistryPlainHTTP {
+		if !validRegistryHost(h) {
+			return fmt.Errorf("registry_plain_http: %q: want host[:port], without scheme or path", h)
+		}
+		if !c.RegistryAllowed(h) {
+			return fmt.Errorf("registry_plain_http: %q is not in allowed_registries", h)
+		}
+	}
+	if c.RegistryConfig != "" && !filepath.IsAbs(c.RegistryConfig) {
+		return fmt.Errorf("registry_config %q: must be an absolute path", c.RegistryConfig)
 	}
 	if c.MaxArchiveBytes <= 0 {
 		return fmt.Errorf("max_archive_bytes %d: must be positive", c.MaxArchiveBytes)

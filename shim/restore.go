@@ -20,6 +20,7 @@ import (
 	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/registry"
 )
 
 // restorePlan is a validated checkpoint that Create hands to runc.
@@ -65,8 +66,16 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 			oci.AnnotationRestoreFrom, ref, r.Checkpoint, errdefs.ErrInvalidArgument)
 	}
 
-	path, err := oci.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref)
+	src, err := registry.ParseRestoreFrom(ref)
 	if err != nil {
+		return nil, classify(fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err))
+	}
+	var path string
+	if src.IsOCI() {
+		if path, err = s.pullCheckpoint(ctx, src); err != nil {
+			return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
+		}
+	} else if path, err = oci.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref); err != nil {
 		return nil, classify(fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err))
 	}
 	plan := &restorePlan{dir: path}

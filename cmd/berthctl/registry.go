@@ -116,6 +116,12 @@ func pushCmd() *cobra.Command {
 Files the registry already has are skipped, so pushing again after a failure sends only what is
 missing. It prints the pushed reference with its digest; pull that to get exactly these bytes.
 
+A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export) is signed on the way:
+its CRIU images are verified against the shim's checkpoint/berth.json, and a top-level berth.json
+covering every file is written, so a pull verifies the whole checkpoint. A restore pod names the
+pushed checkpoint as berth.dev/restore-from: oci://REF (the node's shim config must list the
+registry in allowed_registries).
+
 Credentials: --username with the password on stdin (--password-stdin), or a Docker config.json.`,
 		Example: `  berthctl push /var/lib/berth/checkpoints/infer-1 127.0.0.1:5000/ckpt/infer:1 --plain-http
   echo "$PASSWORD" | berthctl push ckpt.tar registry.example:5000/ckpt/infer:1 -u berth --password-stdin`,

@@ -26,6 +26,10 @@ import (
 // returns the descriptor of the OCI manifest it tagged. src is a checkpoint directory (berth.json
 // at its top) or a checkpoint archive file (a tar as oci/archive writes it, optionally
 // gzip-compressed), which is extracted safely into Options.TempDir first and removed afterwards.
+// A CRI checkpoint archive (the kubelet's checkpoint API, `crictl checkpoint --export`), whose
+// only berth.json is checkpoint/berth.json, is signed while extracted (oci.SignCRICheckpoint):
+// the CRIU images are verified against it and a top-level berth.json covering every file is
+// written, so the pulled checkpoint is verified whole.
 //
 // The checkpoint is verified against its berth.json (oci.Verify) before anything is uploaded;
 // blobs the registry already has are not uploaded again, so pushing again after a failure only
@@ -216,6 +220,10 @@ func checkpointDir(src string, opts Options) (dir string, cleanup func(), err er
 		return "", nil, err
 	}
 	if info.IsDir() {
+		if oci.IsCRICheckpoint(src) {
+			return "", nil, fmt.Errorf("%s is a CRI checkpoint directory without a top-level %s: push the archive (crictl checkpoint --export, the kubelet's checkpoint API) and it is signed while extracted: %w",
+				src, oci.ManifestFile, oci.ErrNotCRICheckpoint)
+		}
 		return src, func() {}, nil
 	}
 	if !info.Mode().IsRegular() {
@@ -246,6 +254,14 @@ func checkpointDir(src string, opts Options) (dir string, cleanup func(), err er
 	if err := archive.Extract(r, dir, archive.Limits{}); err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("archive %s: %w", src, err)
+	}
+	if oci.IsCRICheckpoint(dir) {
+		// A CRI archive: only checkpoint/berth.json (the CRIU images) is signed; sign the whole
+		// extracted archive so that a pull verifies every file.
+		if _, err := oci.SignCRICheckpoint(dir); err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("CRI checkpoint archive %s: %w", src, err)
+		}
 	}
 	return dir, cleanup, nil
 }

@@ -1,0 +1,114 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	orasErrdef "oras.land/oras-go/v2/errdef"
+
+	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/registry"
+)
+
+// PulledDir is the directory under the checkpoint root that holds checkpoints pulled from
+// registries for berth.dev/restore-from=oci://..., one directory per OCI manifest digest
+// ("sha256-<hex>"), kept and reused by later restores of the same digest. Its name starts with
+// "." so it never collides with a received checkpoint.
+const PulledDir = ".oci"
+
+// pullCheckpoint makes the checkpoint src (a registry reference) available under the checkpoint
+// root and returns its directory. The registry must be in allowed_registries. A tag is resolved to
+// its manifest digest first; a checkpoint of that digest already pulled and still intact is
+// reused, otherwise it is pulled (registry.Pull: every digest verified, nothing left behind on
+// failure) into a temporary directory and renamed into place, so a concurrent restore never sees
+// a partial one. The caller runs the usual validation (digests, fingerprint, namespace, GPUs).
+func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) (string, error) {
+	if !s.cfg.RegistryAllowed(src.Registry) {
+		return "", withClass(fmt.Errorf("registry %s is not in allowed_registries %q of the shim config %s: add it there to restore from it",
+			src.Registry, s.cfg.AllowedRegistries, ConfigPath()), errdefs.ErrPermissionDenied)
+	}
+	opts := registry.Options{
+		PlainHTTP:    s.cfg.RegistryPlain(src.Registry),
+		DockerConfig: s.cfg.RegistryConfig,
+		Limits:       archive.Limits{MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes},
+	}
+	start := s.deps.Now()
+	dgst := src.Digest
+	if dgst == "" {
+		desc, err := registry.Resolve(ctx, src.Ref(), opts)
+		if err != nil {
+			return "", classifyPull(err)
+		}
+		dgst = desc.Digest.String()
+	}
+	algo, hex, ok := strings.Cut(dgst, ":")
+	if !ok || algo != "sha256" || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
+		return "", withClass(fmt.Errorf("registry %s answered %s with digest %q (want sha256)", src.Registry, src, dgst), errdefs.ErrInvalidArgument)
+	}
+	cache := filepath.Join(s.cfg.CheckpointRoot, PulledDir)
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		return "", err
+	}
+	final := filepath.Join(cache, algo+"-"+hex)
+	logger := log.G(ctx).WithFields(log.Fields{"ref": src.String(), "digest": dgst, "checkpoint": final})
+	if fi, err := os.Lstat(final); err == nil {
+		if fi.IsDir() {
+			if m, err := oci.ReadManifest(final); err == nil {
+				if _, err := oci.VerifyStamped(final, m); err == nil {
+					logger.WithField("ms", ms(s.deps.Now().Sub(start))).Info("checkpoint pulled before: reused")
+					return final, nil
+				}
+			}
+		}
+		// damaged or not ours: move it aside and pull again
+		logger.Warn("pulled checkpoint is not intact: pulling it again")
+		stale := filepath.Join(cache, fmt.Sprintf(".stale-%s-%d", hex, time.Now().UnixNano()))
+		if err := os.Rename(final, stale); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("move damaged checkpoint %s aside: %w", final, err)
+		}
+		_ = oci.RemoveStamp(final)
+		os.RemoveAll(stale)
+	}
+	tmp := filepath.Join(cache, fmt.Sprintf(".pull-%s-%d", hex, time.Now().UnixNano()))
+	byDigest := src.Registry + "/" + src.Repository + "@" + dgst
+	if err := registry.Pull(ctx, byDigest, tmp, opts); err != nil {
+		return "", classifyPull(err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.RemoveAll(tmp)
+		if fi, serr := os.Lstat(final); serr == nil && fi.IsDir() {
+			return final, nil // a concurrent restore pulled the same digest first
+		}
+		return "", fmt.Errorf("move pulled checkpoint into place: %w", err)
+	}
+	if m, err := oci.ReadManifest(final); err == nil {
+		// Pull verified every file: let the validation that follows skip re-reading them
+		if err := oci.WriteStamp(final, m); err != nil {
+			logger.WithError(err).Warn("no verification stamp for the pulled checkpoint")
+		}
+	}
+	logger.WithField("ms", ms(s.deps.Now().Sub(start))).Info("checkpoint pulled and verified")
+	return final, nil
+}
+
+// classifyPull gives registry errors an errdefs class for the wire.
+func classifyPull(err error) error {
+	switch {
+	case errors.Is(err, registry.ErrUnauthorized):
+		return withClass(err, errdefs.ErrPermissionDenied)
+	case errors.Is(err, oci.ErrDigestMismatch), errors.Is(err, oci.ErrSizeMismatch), errors.Is(err, registry.ErrNotCheckpoint),
+		errors.Is(err, registry.ErrLayerMismatch):
+		return withClass(err, errdefs.ErrFailedPrecondition)
+	case errors.Is(err, orasErrdef.ErrNotFound), errdefs.IsNotFound(err):
+		return withClass(err, errdefs.ErrNotFound)
+	}
+	return err
+}
