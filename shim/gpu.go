@@ -261,8 +261,15 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *oci.GPUState) ([]gpu.UUID
 			}
 		}
 		if pairs[i].New == "" {
-			return nil, mismatch(fmt.Sprintf("gpu[%d]", i), fmt.Sprintf("%s with %d bytes in use", src.Name, src.MemoryUsed),
-				"no unused GPU of that model with that much free memory: "+describe(devs))
+			sameModel := false
+			for _, d := range devs {
+				sameModel = sameModel || (!used[d.UUID] && d.Name == src.Name)
+			}
+			if !sameModel {
+				return nil, mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, "no unused GPU of that model: "+describe(devs))
+			}
+			return nil, mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
+				"no unused "+src.Name+" with that much free memory: "+describe(devs))
 		}
 	}
 	for i, src := range st.Devices {

@@ -174,6 +174,9 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 			// device memory running; the checkpoint is untouched and can be restored again
 			if _, kerr := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: r.ID, Signal: 9, All: true}); kerr != nil {
 				log.G(ctx).WithError(kerr).Error("kill task after failed GPU restore")
+			} else {
+				// wait for the exit: the caller deletes the task next, which needs it stopped
+				_, _ = s.TTRPCTaskService.Wait(ctx, &taskAPI.WaitRequest{ID: r.ID})
 			}
 			return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, err, plan.dir))
 		}
@@ -262,6 +265,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 		if tail := criuErrors(filepath.Join(workDir, oci.DumpLogFile), 4); tail != "" {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU says: %s", errgrpc.ToNative(err), tail))
+		}
+		if _, serr := os.Stat(filepath.Join(workDir, oci.DumpLogFile)); serr != nil {
+			// CRIU stopped before it opened its log: it refused its options
+			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU wrote no log, so it refused its options: check criu_options in %s and the bundle's %s",
+				errgrpc.ToNative(err), ConfigPath(), criuConfigName))
 		}
 		return nil, err
 	}

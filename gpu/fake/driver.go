@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -175,7 +176,16 @@ func (d *Driver) call(pid int, step string, req fakecuda.Request, extra time.Dur
 	if _, err := conn.Write(append(b, '\n')); err != nil {
 		return resp, wrap(err)
 	}
-	line, err := bufio.NewReader(conn).ReadBytes('\n')
+	// Half-close, and below wait for the process to close its end: that end lives in the
+	// shim's network namespace, and CRIU cannot dump the process while it holds it.
+	if uc, ok := conn.(*net.UnixConn); ok {
+		_ = uc.CloseWrite()
+	}
+	br := bufio.NewReader(conn)
+	line, err := br.ReadBytes('\n')
+	if err == nil {
+		_, _ = io.Copy(io.Discard, br)
+	}
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
@@ -126,7 +127,11 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		return nil, err
 	}
 	if _, err := c.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: o.ID, Options: opts}); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, errgrpc.ToNative(err))
+		err = errgrpc.ToNative(err)
+		if strings.HasPrefix(err.Error(), "checkpoint "+o.ID+":") { // the shim named it already
+			return nil, err
+		}
+		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	phase("shim-checkpoint")
 
