@@ -29,7 +29,8 @@ import (
 // their sizes against Options.Limits, and that the layers are exactly the files berth.json
 // lists. Each blob's size and digest are checked while it streams, and the result is verified
 // again with oci.ReadManifest and oci.Verify. Up to Options.Concurrency files are downloaded at
-// once.
+// once. A successful Pull leaves a verification stamp (oci.WriteStamp, in <parent>/.verified/)
+// so a shim restoring from dir skips re-reading files that have not changed since.
 //
 // Errors (wrapped, naming the reference, the registry and dir): an error wrapping fs.ErrExist
 // when dir exists; ErrUnauthorized when the registry wants credentials or refuses them;
@@ -144,7 +145,14 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err != nil {
 		return err
 	}
-	return oci.Verify(dir, got)
+	if err := oci.Verify(dir, got); err != nil {
+		return err
+	}
+	// Record the verification (<parent>/.verified/<name>.json), so that a shim restoring from
+	// dir need not read every file again while they stay unchanged. Best effort: without the
+	// stamp the shim verifies in full.
+	_ = oci.WriteStamp(dir, got)
+	return nil
 }
 
 // checkLayers checks what an OCI manifest says about the files before anything is fetched.
