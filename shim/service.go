@@ -58,6 +58,8 @@ type Service struct {
 	// ownNetns holds the ids of tasks created from a checkpoint whose network namespace runc
 	// creates (no path in the spec): Start sets their loopback up after CRIU restored them.
 	ownNetns map[string]bool
+	// stdinHolds are the stdin FIFOs held open for restored tasks (restoreStdio).
+	stdinHolds map[string]*os.File
 }
 
 // NewService wraps inner (containerd's runc task service) with berth's steps.
@@ -65,7 +67,7 @@ func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service 
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, plans: map[string]*restorePlan{}, ownNetns: map[string]bool{}}
+	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, plans: map[string]*restorePlan{}, ownNetns: map[string]bool{}, stdinHolds: map[string]*os.File{}}
 }
 
 // RegisterTTRPC registers the wrapper (not the inner service) as the task service.
@@ -113,6 +115,23 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	if plan != nil {
 		r.Checkpoint = plan.imagesDir
+	}
+	if r.Checkpoint != "" {
+		hold, err := restoreStdio(r)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		if hold != nil {
+			defer func() {
+				if retErr != nil {
+					hold.Close()
+					return
+				}
+				s.mu.Lock()
+				s.stdinHolds[r.ID] = hold
+				s.mu.Unlock()
+			}()
+		}
 	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err != nil {
@@ -206,9 +225,14 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		plan := s.plans[r.ID]
 		delete(s.plans, r.ID)
 		delete(s.ownNetns, r.ID)
+		hold := s.stdinHolds[r.ID]
+		delete(s.stdinHolds, r.ID)
 		s.mu.Unlock()
 		if plan != nil {
 			plan.cleanup()
+		}
+		if hold != nil {
+			defer hold.Close()
 		}
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +22,9 @@ func fingerprintCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := shim.DefaultConfig()
 			cfg.CRIUPath, cfg.GPU, cfg.FakeGPURoot = criuPath, gpuKind, fakeRoot
+			if err := gpuFlags(gpuKind, fakeRoot); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -40,4 +45,18 @@ func fingerprintCmd() *cobra.Command {
 	cmd.Flags().StringVar(&gpuKind, "gpu", "none", "GPU backend: none, cuda (NVML and libcuda.so.1) or fake")
 	cmd.Flags().StringVar(&fakeRoot, "fake-gpu-root", "", "the fake GPU node directory (with --gpu fake)")
 	return cmd
+}
+
+// gpuFlags checks the --gpu and --fake-gpu-root flags, naming them (not the config keys).
+func gpuFlags(kind, fakeRoot string) error {
+	switch kind {
+	case "none", "cuda":
+		return nil
+	case "fake":
+		if !filepath.IsAbs(fakeRoot) {
+			return fmt.Errorf("--gpu fake needs --fake-gpu-root with an absolute path, got %q", fakeRoot)
+		}
+		return nil
+	}
+	return fmt.Errorf("--gpu %q: want none, cuda or fake", kind)
 }

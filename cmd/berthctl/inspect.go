@@ -2,9 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"fmt"
@@ -68,9 +66,9 @@ writable layer's changes, the spec and the manifest, and then resumes the task (
 with --exit, lets CRIU end it. Send DIR with 'berthctl send' and restore it with 'berthctl restore'.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := containerd.New(address, containerd.WithTimeout(10*time.Second))
+			c, err := connect(cmd.Context(), "source", address)
 			if err != nil {
-				return fmt.Errorf("containerd %s: %w", address, err)
+				return err
 			}
 			defer c.Close()
 			src, err := move.Checkpoint(cmd.Context(), c, move.CheckpointOptions{Namespace: ns, ID: args[0], Dir: args[1], Exit: exit})

@@ -42,6 +42,9 @@ its label left out (selectors that need it then do not match this node).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := shim.DefaultConfig()
 			cfg.CRIUPath, cfg.GPU, cfg.FakeGPURoot = criuPath, gpuKind, fakeRoot
+			if err := gpuFlags(gpuKind, fakeRoot); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}

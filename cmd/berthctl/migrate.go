@@ -10,6 +10,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
@@ -47,27 +48,18 @@ already running on the destination host is used: the same path across a network.
 			if from == "" || to == "" {
 				return fmt.Errorf("--from and --to are required (containerd socket paths)")
 			}
-			for _, sock := range []string{from, to} {
-				if _, err := os.Stat(sock); err != nil {
-					return fmt.Errorf("containerd socket: %w", err)
-				}
-			}
-			src, err := containerd.New(from, containerd.WithTimeout(10*time.Second))
+			src, err := connect(ctx, "source", from)
 			if err != nil {
-				return fmt.Errorf("source containerd %s: %w", from, err)
+				return err
 			}
 			defer src.Close()
-			dst, err := containerd.New(to, containerd.WithTimeout(10*time.Second))
+			dst, err := connect(ctx, "destination", to)
 			if err != nil {
-				return fmt.Errorf("destination containerd %s: %w", to, err)
+				return err
 			}
 			defer dst.Close()
-			// containerd.New does not connect: ask both ends before touching the source
-			if _, err := src.Version(ctx); err != nil {
-				return fmt.Errorf("source containerd %s does not answer: %w", from, err)
-			}
-			if _, err := dst.Version(ctx); err != nil {
-				return fmt.Errorf("destination containerd %s does not answer: %w", to, err)
+			if err := targetFree(ctx, dst, ns, orDefault(targetID, id)); err != nil {
+				return err
 			}
 			if name == "" {
 				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
@@ -235,11 +227,16 @@ func restoreCmd() *cobra.Command {
 		Short: "Restore a received checkpoint (a name in the checkpoint root) as a new container with the berth runtime",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := containerd.New(address, containerd.WithTimeout(10*time.Second))
+			c, err := connect(cmd.Context(), "destination", address)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
+			if id != "" {
+				if err := targetFree(cmd.Context(), c, ns, id); err != nil {
+					return err
+				}
+			}
 			dir := args[0]
 			if !filepath.IsAbs(dir) {
 				dir = filepath.Join(root, dir)
@@ -271,4 +268,13 @@ func orDefault(s, d string) string {
 		return d
 	}
 	return s
+}
+
+// targetFree returns an error when container id already exists in namespace ns of c: a move or
+// restore under that id would fail only after the checkpoint was taken and sent.
+func targetFree(ctx context.Context, c *containerd.Client, ns, id string) error {
+	if _, err := c.LoadContainer(namespaces.WithNamespace(ctx, ns), id); err == nil {
+		return fmt.Errorf("container %s already exists on the destination (namespace %s): remove it or choose another id (--target-id / --id)", id, ns)
+	}
+	return nil
 }

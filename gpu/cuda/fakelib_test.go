@@ -296,3 +296,12 @@ func TestFakeInitFails(t *testing.T) {
 		t.Fatalf("Load = %v, want ErrUnsupported naming cuInit", err)
 	}
 }
+
+// TestMain removes the directory the fake libraries were built in.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fakeDir != "" {
+		os.RemoveAll(fakeDir)
+	}
+	os.Exit(code)
+}

@@ -43,7 +43,11 @@ func (e *ParseError) Error() string {
 		fmt.Fprintf(&b, ", column %q", e.Column)
 	}
 	if e.Value != "" {
-		fmt.Fprintf(&b, ", value %q", e.Value)
+		v := e.Value
+		if len(v) > 40 { // a binary or garbled file: name the start, not kilobytes of it
+			v = v[:40] + "..."
+		}
+		fmt.Fprintf(&b, ", value %q", v)
 	}
 	b.WriteString(": ")
 	b.WriteString(e.Err.Error())

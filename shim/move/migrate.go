@@ -30,8 +30,8 @@ type MigrateOptions struct {
 	// Send transfers the checkpoint directory to the destination's receiver under Name, returning
 	// the number of bytes sent (oci/transfer.Send over a connection to `berthctl receive`).
 	Send func(ctx context.Context, dir, name string) (int64, error)
-	// LeaveRunning keeps the source running after the move; otherwise it is stopped once the
-	// destination restore succeeded.
+	// LeaveRunning keeps the source running after the move; otherwise it is stopped and removed
+	// (task, container and writable layer) once the destination restore succeeded.
 	LeaveRunning bool
 	// LogPath receives the restored task's output on the destination ("" discards it).
 	LogPath string
@@ -97,6 +97,13 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	} else {
 		if err := stopTask(ctx, o.Namespace, src.Task); err != nil {
 			return res, fmt.Errorf("restored on the destination, but stopping the source failed: %w", err)
+		}
+		// the container now lives on the destination: remove it (and its writable layer) here,
+		// so that it can move back under the same id
+		if ctr, err := o.Src.LoadContainer(ctx, o.ID); err == nil {
+			if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+				return res, fmt.Errorf("restored on the destination, but removing the source container failed: %w", err)
+			}
 		}
 		phase("stop-source")
 	}

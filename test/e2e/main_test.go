@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 
 	"github.com/berth-dev/berth/test/node"
@@ -46,6 +48,16 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1
 	}
+	// an interrupted run (Ctrl-C, a CI timeout) must not leave two containerd nodes behind
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "e2e: %v: stopping the nodes\n", s)
+		cluster.Stop(context.Background())
+		os.RemoveAll(dir)
+		os.Exit(2)
+	}()
 	code := m.Run()
 	if os.Getenv("BERTH_E2E_KEEP") == "" || code == 0 {
 		cluster.Stop(ctx)
