@@ -129,7 +129,7 @@ func TestReadStatsErrors(t *testing.T) {
 func TestReadStatsReal(t *testing.T) {
 	criu := criuPath(t)
 	if os.Geteuid() != 0 {
-		t.Skip("criu dump needs root")
+		skipOrFail(t, "criu dump needs root")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
