@@ -22,7 +22,7 @@ demo: deps build
 
 ## test: every test, integration tests on the real stack included (needs root)
 test: deps build vet
-	$(GO) test $(GOTEST_FLAGS) ./...
+	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) test $(GOTEST_FLAGS) ./...
 
 ## bench: benchmarks printing ratios measured in one run
 bench: deps build
