@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -401,27 +400,7 @@ func benchK8sDirect(ctx context.Context, b *testing.B, c *node.Cluster, mib int,
 		os.Remove(filepath.Join(src.Dir, id+".log"))
 	}
 	b.Cleanup(cleanup)
-	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--to-root", dst.CheckpointRoot, "--target-id", destID, "--work-dir", filepath.Join(work, "outgoing"),
-		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), id}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	t := time.Now()
-	err := cmd.Run()
-	s.direct = time.Since(t)
-	if err != nil {
-		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	s.directSummary = lines[0]
-	for _, l := range lines[1:] {
-		if m := phaseLine.FindStringSubmatch(l); m != nil {
-			v, _ := strconv.ParseFloat(m[2], 64)
-			s.directPhases = append(s.directPhases, phase{m[1], time.Duration(v * float64(time.Millisecond))})
-		}
-	}
-	s.directCRIURest = shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
+	s.direct, s.directSummary, s.directPhases, s.directCRIURest = benchMigrate(ctx, b, c, src, dst, id, destID, name, work)
 	pid, _, err := dst.TaskPID(ctx, destID)
 	if err != nil {
 		b.Fatal(err)

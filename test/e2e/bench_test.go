@@ -403,32 +403,12 @@ func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib, round i
 		_ = dst.Remove(context.Background(), destID)
 		os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
 	})
-	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--to-root", dst.CheckpointRoot, "--target-id", destID, "--work-dir", filepath.Join(work, "outgoing"),
-		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), id}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	t := time.Now()
-	err := cmd.Run()
-	r.berthWall = time.Since(t)
-	if err != nil {
-		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	r.berthSummary = lines[0]
-	for _, l := range lines[1:] {
-		if m := phaseLine.FindStringSubmatch(l); m != nil {
-			ms, _ := strconv.ParseFloat(m[2], 64)
-			r.berthPhases = append(r.berthPhases, phase{m[1], time.Duration(ms * float64(time.Millisecond))})
-		}
-	}
-	r.berthCRIURestore = shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
+	r.berthWall, r.berthSummary, r.berthPhases, r.berthCRIURestore = benchMigrate(ctx, b, c, src, dst, id, destID, name, work)
 	pid, _, err := dst.TaskPID(ctx, destID)
 	if err != nil {
 		b.Fatal(err)
 	}
-	t = time.Now()
+	t := time.Now()
 	if err := waitHealthz(ctx, pid, time.Minute); err != nil {
 		b.Fatalf("%s on %s after the move: %v", destID, dst.Name, err)
 	}
@@ -764,4 +744,30 @@ func vmRSS(pid int) (int64, error) {
 		return 0, err
 	}
 	return strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
+}
+
+// benchMigrate runs `berthctl migrate` of id from src to dst (as destID, checkpoint name) and
+// returns its wall time, its summary line, the phases it printed, and the shim's CRIU restore time.
+func benchMigrate(ctx context.Context, b *testing.B, c *node.Cluster, src, dst *node.Node, id, destID, name, work string) (time.Duration, string, []phase, time.Duration) {
+	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--to-root", dst.CheckpointRoot, "--target-id", destID, "--work-dir", filepath.Join(work, "outgoing"),
+		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), id}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	t := time.Now()
+	err := cmd.Run()
+	wall := time.Since(t)
+	if err != nil {
+		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var phases []phase
+	for _, l := range lines[1:] {
+		if m := phaseLine.FindStringSubmatch(l); m != nil {
+			ms, _ := strconv.ParseFloat(m[2], 64)
+			phases = append(phases, phase{m[1], time.Duration(ms * float64(time.Millisecond))})
+		}
+	}
+	return wall, lines[0], phases, shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
 }

@@ -44,7 +44,7 @@ func TestMigrateThereAndBack(t *testing.T) {
 	}
 	got = append(got, toks...)
 	hops := []struct {
-		from, to *node.Node
+		from, to  *node.Node
 		id, to_id string
 	}{{n1, n2, ids[0], ids[1]}, {n2, n1, ids[1], ids[2]}}
 	for i, h := range hops {
