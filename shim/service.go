@@ -76,11 +76,14 @@ func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
-// Create creates the task. A spec with berth.dev/restore-from, or a request whose checkpoint
-// directory (from containerd) carries a berth manifest, is validated first: resolved inside the
-// checkpoint root, digests verified, fingerprint compared. Nothing is created when validation
-// fails; the error names the cause (errdefs.ErrInvalidArgument, ErrFailedPrecondition or
-// ErrNotFound classes).
+// Create creates the task. A spec with berth.dev/restore-from (a path under the checkpoint root
+// or an oci:// reference from an allowed registry), or a request whose checkpoint directory (from
+// containerd) carries a berth manifest, is validated first: resolved inside the checkpoint root,
+// digests verified, fingerprint compared, Kubernetes namespace checked, and for GPU checkpoints
+// the destination GPUs checked and mapped (the spec is rewritten to give the container the mapped
+// GPUs). Nothing is created when validation fails; the error names the cause and the value
+// (errdefs classes InvalidArgument, NotFound, FailedPrecondition, PermissionDenied). A restored
+// task gets pipes for the standard streams it has none for (restoreStdio).
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
 	spec, err := readSpec(r.Bundle)

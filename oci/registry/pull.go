@@ -53,6 +53,9 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err != nil {
 		return err
 	}
+	if t.ref.Reference == "" {
+		return fmt.Errorf("reference %q names no tag or digest (add :TAG or @sha256:...): %w", ref, ErrNoTag)
+	}
 	if err := t.ref.ValidateReference(); err != nil {
 		return err
 	}

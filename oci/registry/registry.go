@@ -4,10 +4,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/containerd/errdefs"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -146,6 +148,9 @@ func (t *target) String() string {
 
 // newTarget parses ref ("host[:port]/repository[:tag|@digest]") and sets up its client.
 func newTarget(ref string, o Options) (*target, error) {
+	if strings.HasPrefix(ref, "oci://") {
+		return nil, fmt.Errorf("reference %q: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", ref, errdefs.ErrInvalidArgument)
+	}
 	r, err := orasreg.ParseReference(ref)
 	if err != nil {
 		return nil, fmt.Errorf("reference %q: %w", ref, err)
