@@ -102,6 +102,9 @@ func (res Result) WriteText(w io.Writer) {
 		mems = topology.FormatIDList(res.Mems)
 	}
 	numa := "all (not aligned)"
+	if res.Aligned {
+		numa = "all (nothing to align: no GPUs, no exclusive CPUs)"
+	}
 	if len(res.NUMANodes) > 0 {
 		numa = topology.FormatIDList(res.NUMANodes)
 	}
