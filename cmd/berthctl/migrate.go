@@ -85,11 +85,15 @@ already running on the destination host is used: the same path across a network.
 				addr = ln.Addr().String()
 			}
 			// dial the receiver before the source is paused: an unreachable destination costs nothing
-			conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 			if err != nil {
 				return fmt.Errorf("dial receiver %s: %w", addr, err)
 			}
-			defer conn.Close()
+			defer raw.Close()
+			conn, err := transfer.Handshake(raw) // a wrong or stalled peer is found before the pause
+			if err != nil {
+				return fmt.Errorf("receiver %s: %w", addr, err)
+			}
 			send := func(ctx context.Context, dir, name string) (int64, error) { return sendOn(ctx, conn, dir, name) }
 			res, err := move.Migrate(ctx, move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: targetID,

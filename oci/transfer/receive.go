@@ -152,6 +152,11 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
+	// greet first: a sender learns it reached a berth receiver before it pauses anything
+	_ = conn.SetWriteDeadline(time.Now().Add(idle))
+	if _, err := conn.Write([]byte(greeting)); err != nil {
+		return "", fmt.Errorf("greet sender: %w", err)
+	}
 	ir := &idleReader{conn: conn, idle: idle}
 	br := bufio.NewReaderSize(ir, recvBufferSize)
 	path, drained, err := r.receive(br)

@@ -94,6 +94,9 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 			retErr = fmt.Errorf("send %s: %w (%v)", name, ctx.Err(), retErr)
 		}
 	}()
+	if _, err := Handshake(conn); err != nil {
+		return Result{}, fmt.Errorf("send %s: %w", name, err)
+	}
 
 	// Read the verdict concurrently with streaming: a receiver that refuses early answers
 	// while we are still writing, and on a synchronous conn (net.Pipe) it could not answer at

@@ -354,6 +354,9 @@ func rawExchange(t *testing.T, r *Receiver, hdr header) (verdict, error) {
 		s.Close()
 		errc <- err
 	}()
+	if _, err := Handshake(c); err != nil {
+		t.Fatal(err)
+	}
 	line, _ := json.Marshal(hdr)
 	if _, err := c.Write(append(line, '\n')); err != nil {
 		t.Fatal(err)
@@ -439,6 +442,9 @@ func TestHeaderErrors(t *testing.T) {
 		defer c.Close()
 		errc := make(chan error, 1)
 		go func() { _, err := (&Receiver{Root: root}).Handle(context.Background(), s); s.Close(); errc <- err }()
+		if _, err := Handshake(c); err != nil {
+			t.Fatal(err)
+		}
 		go func() { _, _ = c.Write([]byte("GET / HTTP/1.1\r\n\r\n")) }()
 		v, err := readVerdict(c)
 		if err != nil || v.OK {
@@ -471,6 +477,9 @@ func TestManifestMismatchRejected(t *testing.T) {
 	defer c.Close()
 	errc := make(chan error, 1)
 	go func() { _, err := (&Receiver{Root: root}).Handle(context.Background(), s); s.Close(); errc <- err }()
+	if _, err := Handshake(c); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		line, _ := json.Marshal(header{Magic: Magic, Name: "swap", TotalBytes: a.Size(), Manifest: other})
 		w := bufio.NewWriter(c)
@@ -517,6 +526,9 @@ func TestReceiverIdleTimeout(t *testing.T) {
 	root := t.TempDir()
 	addr, out := startReceiver(t, &Receiver{Root: root, IdleTimeout: 200 * time.Millisecond})
 	conn := dial(t, addr)
+	if _, err := Handshake(conn); err != nil {
+		t.Fatal(err)
+	}
 	line, _ := json.Marshal(header{Magic: Magic, Name: "stall", TotalBytes: a.Size(), Manifest: raw})
 	var buf bytes.Buffer
 	if _, err := a.WriteTo(&buf); err != nil {

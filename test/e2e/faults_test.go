@@ -605,6 +605,15 @@ func TestFltMigrateFaults(t *testing.T) {
 			},
 		},
 		{
+			name: "not-a-berth-receiver",
+			setup: func(t *testing.T, name string) fltMigrateSetup {
+				return fltMigrateSetup{args: []string{"--receiver", fltPeer(t, 0, true, false)}, untouched: true}
+			},
+			want: func(s fltMigrateSetup) []string {
+				return []string{"receiver " + s.args[1], "no berth receiver greeting"}
+			},
+		},
+		{
 			name: "no-receiver",
 			setup: func(t *testing.T, name string) fltMigrateSetup {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -1073,6 +1082,12 @@ func fltInProcessReceiver(t *testing.T, ctx context.Context, root string, done c
 // fltFakeReceiver listens on loopback until the test ends; on each connection it reads n bytes
 // and closes it, or with stall reads nothing and holds the connection open.
 func fltFakeReceiver(t *testing.T, n int64, stall bool) string {
+	return fltPeer(t, n, stall, true)
+}
+
+// fltPeer is fltFakeReceiver; greet says whether it greets like a berth receiver first (a peer
+// that does not is another service on the port, or a process that hangs before answering).
+func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	fltNoErr(t, err)
@@ -1083,6 +1098,9 @@ func fltFakeReceiver(t *testing.T, n int64, stall bool) string {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if greet {
+				_, _ = conn.Write([]byte(transfer.Magic + " ready\n"))
 			}
 			if stall {
 				mu.Lock()
