@@ -5,7 +5,7 @@
 //
 // What belongs here: anything that asks the criu binary something over its RPC (criu swrk) or
 // reads CRIU's image files. What does not: containerd, runc, the shim, or the berth manifest
-// format (package oci owns that; this package only fills oci.CRIUStats).
+// format (package oci owns that; this package only fills checkpoint.CRIUStats).
 //
 // Every call that talks to CRIU starts its own "criu swrk" process, reaps it, and is bounded by
 // a context. Version goes through go-criu, whose calls cannot be cancelled: when ctx ends first,

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 )
 
@@ -28,31 +28,31 @@ type RestoreStats struct {
 }
 
 // ReadDumpStats reads the stats-dump file CRIU writes into images directory dir at the end of a
-// dump (go-criu's stats.CriuGetDumpStats) and returns it as the manifest's oci.CRIUStats: the
+// dump (go-criu's stats.CriuGetDumpStats) and returns it as the manifest's checkpoint.CRIUStats: the
 // freezing_time, frozen_time, memdump_time and memwrite_time fields (microseconds) and the
 // pages_scanned, pages_skipped_parent, pages_written and pages_lazy counts.
 //
 // Errors: a missing file gives an error naming its path and matching fs.ErrNotExist (CRIU writes
 // the file only when a dump gets far enough); a file that is not a stats image, or holds no dump
 // entry, gives an error naming its path and wrapping ErrBadStats.
-func ReadDumpStats(dir string) (oci.CRIUStats, error) {
+func ReadDumpStats(dir string) (checkpoint.CRIUStats, error) {
 	file := filepath.Join(dir, stats.StatsDump)
 	if err := checkStatsFile(file); err != nil {
-		return oci.CRIUStats{}, fmt.Errorf("criu: dump statistics: %w", err)
+		return checkpoint.CRIUStats{}, fmt.Errorf("criu: dump statistics: %w", err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return oci.CRIUStats{}, fmt.Errorf("criu: dump statistics: %w", err)
+		return checkpoint.CRIUStats{}, fmt.Errorf("criu: dump statistics: %w", err)
 	}
 	defer d.Close()
 	st, err := stats.CriuGetDumpStats(d)
 	if err != nil {
-		return oci.CRIUStats{}, fmt.Errorf("criu: dump statistics %s: %w: %w", file, ErrBadStats, err)
+		return checkpoint.CRIUStats{}, fmt.Errorf("criu: dump statistics %s: %w: %w", file, ErrBadStats, err)
 	}
 	if st == nil {
-		return oci.CRIUStats{}, fmt.Errorf("criu: dump statistics %s: %w: no dump entry", file, ErrBadStats)
+		return checkpoint.CRIUStats{}, fmt.Errorf("criu: dump statistics %s: %w: no dump entry", file, ErrBadStats)
 	}
-	return oci.CRIUStats{
+	return checkpoint.CRIUStats{
 		FreezingTimeUs:     st.GetFreezingTime(),
 		FrozenTimeUs:       st.GetFrozenTime(),
 		MemdumpTimeUs:      st.GetMemdumpTime(),

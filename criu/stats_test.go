@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"google.golang.org/protobuf/proto"
 )
@@ -54,7 +54,7 @@ func TestReadDumpStatsMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := oci.CRIUStats{FreezingTimeUs: 11, FrozenTimeUs: 22, MemdumpTimeUs: 33, MemwriteTimeUs: 44,
+	want := checkpoint.CRIUStats{FreezingTimeUs: 11, FrozenTimeUs: 22, MemdumpTimeUs: 33, MemwriteTimeUs: 44,
 		PagesScanned: 1000, PagesSkippedParent: 5, PagesWritten: 900, PagesLazy: 7}
 	if got != want {
 		t.Errorf("ReadDumpStats = %+v, want %+v", got, want)

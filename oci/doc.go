@@ -1,14 +1,17 @@
-// Package oci holds berth's contract with the outside world that is not code: the OCI annotations
-// berth reads and writes (the only contract between the shim and the NRI plugin), and the on-disk
-// format of a berth checkpoint: its layout, the berth manifest (berth.json) and the digests that
-// make a checkpoint verifiable.
+// Package oci holds the names that berth's binaries share with each other and with the outside
+// world: every berth.dev/* annotation key, the CRI annotations berth reads, runc's CRIU
+// configuration annotation, and the runtime type name of berth's shim. The shim, berth-nri and
+// berthctl import these constants from here and never from each other.
 //
-// The functions over that format: DigestDir, WriteManifest, ReadManifest (and ReadManifestBytes,
-// ParseManifest) and Verify for manifests and digests; ResolveRestoreFrom for turning the
-// AnnotationRestoreFrom annotation into a checkpoint path safely. Sub-packages: oci/archive (a
-// checkpoint as a tar stream, and its safe extraction), oci/transfer (moving a checkpoint to
-// another node), oci/fingerprint (what a checkpoint was taken against).
+// Sub-packages, each named for what it holds:
+//   - oci/checkpoint: the on-disk format of a berth checkpoint (layout, the berth.json manifest,
+//     digests, verification and receiver stamps, restore-from path resolution, CRI archives);
+//   - oci/archive: a checkpoint as a tar stream, and its bounded, safe extraction;
+//   - oci/transfer: the node-to-node protocol that moves a checkpoint over a socket;
+//   - oci/registry: checkpoints as OCI artifacts in a registry (oras-go), and oci:// references;
+//   - oci/fingerprint: what a checkpoint was taken against, probed from /proc and version
+//     commands, compared on restore and published as Node Feature Discovery labels.
 //
-// What belongs here: names, formats, and pure functions over them (digesting, verifying, path
-// validation). What does not: anything that talks to containerd, runc, CRIU or a GPU.
+// What belongs here: names only. What does not: formats and functions over them (the
+// sub-packages), and anything that talks to containerd, runc, CRIU or a GPU.
 package oci

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/pelletier/go-toml/v2"
 )
 
@@ -21,6 +22,9 @@ const DefaultConfigPath = "/etc/berth/shim.toml"
 
 // Config is the shim's configuration (TOML).
 type Config struct {
+	// Path is the file this configuration was read from (set by LoadConfig, named in errors that
+	// point at a key); not a key itself.
+	Path string `toml:"-"`
 	// CheckpointRoot is the only directory restore-from references may point into (absolute).
 	// Default /var/lib/berth/checkpoints.
 	CheckpointRoot string `toml:"checkpoint_root"`
@@ -103,6 +107,7 @@ func DefaultConfig() Config {
 // It returns an error naming the file for unreadable or malformed files and for invalid values.
 func LoadConfig(path string) (Config, error) {
 	cfg := DefaultConfig()
+	cfg.Path = path
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return cfg, cfg.Validate()
@@ -125,8 +130,8 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
-// ConfigPath returns the configuration file this process should read: $BERTH_SHIM_CONFIG or
-// DefaultConfigPath.
+// ConfigPath returns the configuration file named by the environment: $BERTH_SHIM_CONFIG, or
+// DefaultConfigPath when it is unset. Only main calls it; everything else gets the path passed in.
 func ConfigPath() string {
 	if p := os.Getenv(EnvConfig); p != "" {
 		return p
@@ -139,14 +144,8 @@ func (c Config) Validate() error {
 	if !filepath.IsAbs(c.CheckpointRoot) {
 		return fmt.Errorf("checkpoint_root %q: must be an absolute path", c.CheckpointRoot)
 	}
-	switch c.GPU {
-	case "none", "cuda":
-	case "fake":
-		if !filepath.IsAbs(c.FakeGPURoot) {
-			return fmt.Errorf("gpu = \"fake\" needs an absolute fake_gpu_root, got %q", c.FakeGPURoot)
-		}
-	default:
-		return fmt.Errorf("gpu %q: want none, cuda or fake", c.GPU)
+	if err := backend.Check(c.GPU, c.FakeGPURoot, "gpu", "fake_gpu_root"); err != nil {
+		return err
 	}
 	if c.GPULockTimeoutMs <= 0 {
 		return fmt.Errorf("gpu_lock_timeout_ms %d: must be positive", c.GPULockTimeoutMs)

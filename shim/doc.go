@@ -13,6 +13,6 @@
 //   - A per-container CRIU configuration file (runc's org.criu.config annotation) so that open TCP
 //     connections are closed, not dumped: a container moved to another node cannot keep them.
 //
-// What does not belong here: talking to containerd's API (that is the client side, package move),
+// What does not belong here: talking to containerd's API (the client side of a move is cmd/berthctl/move),
 // placement (package nri), and GPU drivers (package gpu).
 package shim

@@ -16,7 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -29,16 +29,16 @@ type gpuSession struct {
 	pids    []int // host PIDs of CUDA processes, in the order they were found
 	locked  []int // PIDs locked so far
 	ckpted  []int // PIDs checkpointed so far
-	steps   []oci.Phase
+	steps   []checkpoint.Phase
 	frozen  bool // the task was paused (containerd freezes it before Checkpoint)
 	thawed  bool // this session thawed it and has not frozen it again
-	state   *oci.GPUState
+	state   *checkpoint.GPUState
 	spec    *specs.Spec
 	timeout time.Duration
 }
 
 func (g *gpuSession) step(name string, start time.Time) {
-	g.steps = append(g.steps, oci.Phase{Name: name, Ms: ms(time.Since(start))})
+	g.steps = append(g.steps, checkpoint.Phase{Name: name, Ms: ms(time.Since(start))})
 }
 
 // beginGPUCheckpoint finds the container's CUDA processes, locks them (thawing a frozen task
@@ -66,7 +66,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 	if err := gpu.CheckDriver(vers, false); err != nil {
 		return nil, err
 	}
-	g.state = &oci.GPUState{Driver: vers.Driver, CUDA: vers.CUDA}
+	g.state = &checkpoint.GPUState{Driver: vers.Driver, CUDA: vers.CUDA}
 	devs, err := s.deps.GPU.Inventory().Devices()
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
@@ -76,7 +76,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		if !ok {
 			return nil, fmt.Errorf("container GPU %s is not on this node: %w", u, errdefs.ErrFailedPrecondition)
 		}
-		g.state.Devices = append(g.state.Devices, oci.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
+		g.state.Devices = append(g.state.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
 	}
 	defer func() {
 		if retErr != nil {
@@ -217,7 +217,7 @@ func (g *gpuSession) fingerprintGPUs() []fingerprint.GPU {
 // the device map (identical UUIDs first, then the same model, lowest index first, skipping GPUs
 // already used by the map) and rewrites spec to give the container the mapped GPUs. The error
 // names the field that differs and both values.
-func (s *Service) planGPURestore(spec *specs.Spec, st *oci.GPUState) ([]gpu.UUIDPair, error) {
+func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]gpu.UUIDPair, error) {
 	if st == nil || len(st.Devices) == 0 {
 		return nil, nil
 	}
@@ -297,7 +297,7 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *oci.GPUState) ([]gpu.UUID
 
 // restoreGPUs brings the restored task's checkpointed CUDA processes back onto the mapped GPUs
 // and unlocks them. Identity pairs are passed as nil (no remapping needed).
-func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair) ([]oci.Phase, error) {
+func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair) ([]checkpoint.Phase, error) {
 	drv := s.deps.GPU.Driver()
 	remap := pairs
 	identity := true
@@ -311,7 +311,7 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 	if err != nil {
 		return nil, err
 	}
-	var phases []oci.Phase
+	var phases []checkpoint.Phase
 	var todo []int
 	for _, p := range pids.Processes {
 		if st, err := drv.State(int(p.Pid)); err == nil && st == gpu.StateCheckpointed {
@@ -324,14 +324,14 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 			return phases, fmt.Errorf("GPU restore of pid %d: %w", pid, err)
 		}
 	}
-	phases = append(phases, oci.Phase{Name: "gpu-restore", Ms: ms(time.Since(t))})
+	phases = append(phases, checkpoint.Phase{Name: "gpu-restore", Ms: ms(time.Since(t))})
 	t = time.Now()
 	for _, pid := range todo {
 		if err := drv.Unlock(pid); err != nil {
 			return phases, fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
 		}
 	}
-	phases = append(phases, oci.Phase{Name: "gpu-unlock", Ms: ms(time.Since(t))})
+	phases = append(phases, checkpoint.Phase{Name: "gpu-unlock", Ms: ms(time.Since(t))})
 	log.G(ctx).WithFields(log.Fields{"gpu_pids": todo, "pairs": pairs}).Info("GPU state restored")
 	return phases, nil
 }

@@ -17,7 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -151,7 +151,7 @@ func gpuFixture(t *testing.T, status task.Status) (*Service, *runcStub, *scriptD
 	inner := &runcStub{bundle: bundle, status: status, pids: []uint32{100, 101, 102}}
 	s := NewService(inner, DefaultConfig(), Deps{
 		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
-		DumpStats:   func(string) (oci.CRIUStats, error) { return oci.CRIUStats{}, nil },
+		DumpStats:   func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil },
 		GPU:         &scriptBackend{drv: drv, devs: []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30}}},
 	})
 	return s, inner, drv
@@ -221,7 +221,7 @@ func TestGPUCheckpoint(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := oci.ReadManifest(path)
+			m, err := checkpoint.ReadManifest(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -234,7 +234,7 @@ func TestGPUCheckpoint(t *testing.T) {
 }
 
 func TestPlanGPURestore(t *testing.T) {
-	ckpt := &oci.GPUState{Driver: "580.65.06", CUDA: "12.8", Devices: []oci.GPUDevice{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30, MemoryUsed: 1 << 20}}}
+	ckpt := &checkpoint.GPUState{Driver: "580.65.06", CUDA: "12.8", Devices: []checkpoint.GPUDevice{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30, MemoryUsed: 1 << 20}}}
 	dev := func(uuid, name string, used uint64) gpu.Device {
 		return gpu.Device{UUID: uuid, Name: name, MemoryTotal: 1 << 30, MemoryUsed: used}
 	}

@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"runtime"
+	"time"
 
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
 	"github.com/containerd/containerd/v2/pkg/shim"
@@ -16,18 +16,14 @@ import (
 	"github.com/containerd/plugin/registry"
 
 	"github.com/berth-dev/berth/criu"
-	"github.com/berth-dev/berth/gpu"
-	"github.com/berth-dev/berth/gpu/fake"
+	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
-// RuntimeName is the containerd runtime type served by containerd-shim-berth-v2.
-const RuntimeName = "io.containerd.berth.v2"
-
 // Register registers berth's task service as the shim's TTRPC "task" plugin, built on runc's
-// task service with the configuration from ConfigPath() and the real dependencies (CRIU, runc,
-// containerd found in PATH). Call it once, from main, before shim.RunShim.
-func Register() {
+// task service with the configuration read from configPath (LoadConfig) and the real dependencies
+// (RealDeps: CRIU, runc, containerd found in PATH). Call it once, from main, before shim.RunShim.
+func Register(configPath string) {
 	registry.Register(&plugin.Registration{
 		Type:     plugins.TTRPCPlugin,
 		ID:       "task",
@@ -41,7 +37,7 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			cfg, err := LoadConfig(ConfigPath())
+			cfg, err := LoadConfig(configPath)
 			if err != nil {
 				return nil, err
 			}
@@ -49,7 +45,7 @@ func Register() {
 			if err != nil {
 				return nil, fmt.Errorf("runc task service: %w", err)
 			}
-			deps, err := RealDeps(cfg, true)
+			deps, err := RealDeps(cfg)
 			if err != nil {
 				return nil, err
 			}
@@ -58,86 +54,29 @@ func Register() {
 	})
 }
 
-// RealDeps returns the dependencies of a real node: the fingerprint from /proc, CRIU's version
-// RPC, `runc --version` and `containerd --version`; CRIU statistics from stats-dump.
-//
-// Inside the shim process, which reaps every child itself (containerd's reaper), CRIU's version
-// comes from `criu --version` run through the reaper; elsewhere (berthctl) from go-criu's
-// version RPC. inShim selects the first.
-func RealDeps(cfg Config, inShim bool) (Deps, error) {
-	criuPath := cfg.CRIUPath
-	if criuPath == "" {
-		criuPath = "criu"
-	}
-	var run fingerprint.Runner
-	criuVersion := criu.New(cfg.CRIUPath).VersionString
-	if inShim {
-		run = reaperOutput
-		criuVersion = fingerprint.ExecVersionWith(run, criuPath, "--version")
-	}
-	backend, err := GPUBackend(cfg)
+// RealDeps returns the dependencies of a real node: the fingerprint from /proc and the
+// versions that `criu --version`, `runc --version` and `containerd --version` print (run through
+// containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the GPU
+// backend that cfg.GPU names (gpu/backend), and the wall clock.
+func RealDeps(cfg Config) (Deps, error) {
+	b, err := backend.Open(cfg.GPU, cfg.FakeGPURoot)
 	if err != nil {
 		return Deps{}, err
 	}
+	src := fingerprint.NodeSources("/proc", cfg.CRIUPath, reaperOutput)
 	return Deps{
 		Fingerprint: func(ctx context.Context) (fingerprint.Fingerprint, error) {
-			fp, err := fingerprint.Collect(ctx, fingerprint.Sources{
-				ProcRoot:          "/proc",
-				Arch:              runtime.GOARCH,
-				CRIUVersion:       criuVersion,
-				RuncVersion:       fingerprint.ExecVersionWith(run, "runc", "--version"),
-				ContainerdVersion: fingerprint.ExecVersionWith(run, "containerd", "--version"),
-			})
-			if err != nil || backend == nil {
+			fp, err := fingerprint.Collect(ctx, src)
+			if err != nil || b == nil {
 				return fp, err
 			}
-			fp.GPUs, err = NodeGPUs(backend.Inventory())
+			fp.GPUs, err = backend.FingerprintGPUs(b.Inventory())
 			return fp, err
 		},
 		DumpStats: criu.ReadDumpStats,
-		GPU:       backend,
+		GPU:       b,
+		Now:       time.Now,
 	}, nil
-}
-
-// GPUBackend returns the GPU backend cfg.GPU selects: nil for "none", the fake GPU node at
-// cfg.FakeGPURoot for "fake", the CUDA driver and NVML for "cuda". Errors name what is missing.
-func GPUBackend(cfg Config) (gpu.Backend, error) {
-	switch cfg.GPU {
-	case "", "none":
-		return nil, nil
-	case "fake":
-		b, err := fake.NewBackend(cfg.FakeGPURoot)
-		if err != nil {
-			return nil, fmt.Errorf("fake GPU backend: %w", err)
-		}
-		return b, nil
-	case "cuda":
-		if cudaBackend == nil {
-			return nil, fmt.Errorf("gpu = \"cuda\": this build has no CUDA backend: %w", gpu.ErrUnsupported)
-		}
-		return cudaBackend()
-	}
-	return nil, fmt.Errorf("gpu %q: want none, cuda or fake", cfg.GPU)
-}
-
-// cudaBackend builds the real NVIDIA backend; set by the file that wires gpu/cuda and gpu/nvml.
-var cudaBackend func() (gpu.Backend, error)
-
-// NodeGPUs returns a node's GPUs as fingerprint entries (fingerprint v2), in index order.
-func NodeGPUs(inv gpu.Inventory) ([]fingerprint.GPU, error) {
-	devs, err := inv.Devices()
-	if err != nil {
-		return nil, fmt.Errorf("GPU inventory: %w", err)
-	}
-	v, err := inv.Versions()
-	if err != nil {
-		return nil, fmt.Errorf("GPU driver versions: %w", err)
-	}
-	var out []fingerprint.GPU
-	for _, d := range devs {
-		out = append(out, fingerprint.GPU{Index: d.Index, UUID: d.UUID, Name: d.Name, MemoryBytes: d.MemoryTotal, Driver: v.Driver, CUDA: v.CUDA})
-	}
-	return out, nil
 }
 
 // reaperOutput runs cmd through containerd's reaper, which owns every child of a shim: a plain

@@ -13,8 +13,8 @@ import (
 	"github.com/containerd/log"
 	orasErrdef "oras.land/oras-go/v2/errdef"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/registry"
 )
 
@@ -61,8 +61,8 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 	logger := log.G(ctx).WithFields(log.Fields{"ref": src.String(), "digest": dgst, "checkpoint": final})
 	if fi, err := os.Lstat(final); err == nil {
 		if fi.IsDir() {
-			if m, err := oci.ReadManifest(final); err == nil {
-				if _, err := oci.VerifyStamped(final, m); err == nil {
+			if m, err := checkpoint.ReadManifest(final); err == nil {
+				if _, err := checkpoint.VerifyStamped(final, m); err == nil {
 					logger.WithField("ms", ms(s.deps.Now().Sub(start))).Info("checkpoint pulled before: reused")
 					return final, nil
 				}
@@ -74,7 +74,7 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 		if err := os.Rename(final, stale); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("move damaged checkpoint %s aside: %w", final, err)
 		}
-		_ = oci.RemoveStamp(final)
+		_ = checkpoint.RemoveStamp(final)
 		os.RemoveAll(stale)
 	}
 	tmp := filepath.Join(cache, fmt.Sprintf(".pull-%s-%d", hex, time.Now().UnixNano()))
@@ -89,9 +89,9 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 		}
 		return "", fmt.Errorf("move pulled checkpoint into place: %w", err)
 	}
-	if m, err := oci.ReadManifest(final); err == nil {
+	if m, err := checkpoint.ReadManifest(final); err == nil {
 		// Pull verified every file: let the validation that follows skip re-reading them
-		if err := oci.WriteStamp(final, m); err != nil {
+		if err := checkpoint.WriteStamp(final, m); err != nil {
 			logger.WithError(err).Warn("no verification stamp for the pulled checkpoint")
 		}
 	}
@@ -104,7 +104,7 @@ func classifyPull(err error) error {
 	switch {
 	case errors.Is(err, registry.ErrUnauthorized):
 		return withClass(err, errdefs.ErrPermissionDenied)
-	case errors.Is(err, oci.ErrDigestMismatch), errors.Is(err, oci.ErrSizeMismatch), errors.Is(err, registry.ErrNotCheckpoint),
+	case errors.Is(err, checkpoint.ErrDigestMismatch), errors.Is(err, checkpoint.ErrSizeMismatch), errors.Is(err, registry.ErrNotCheckpoint),
 		errors.Is(err, registry.ErrLayerMismatch):
 		return withClass(err, errdefs.ErrFailedPrecondition)
 	case errors.Is(err, orasErrdef.ErrNotFound), errdefs.IsNotFound(err):

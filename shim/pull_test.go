@@ -13,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/registry"
 	"github.com/berth-dev/berth/test/node"
@@ -148,10 +149,10 @@ func TestRestoreFromRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if plan.dir != want || plan.imagesDir != filepath.Join(want, oci.ImagesDir) || plan.extracted != "" {
+	if plan.dir != want || plan.imagesDir != filepath.Join(want, checkpoint.ImagesDir) || plan.extracted != "" {
 		t.Fatalf("plan dir %s images %s extracted %q; want %s", plan.dir, plan.imagesDir, plan.extracted, want)
 	}
-	if _, err := os.Stat(filepath.Join(root, PulledDir, oci.StampDir, "sha256-"+desc.Digest.Encoded()+".json")); err != nil {
+	if _, err := os.Stat(filepath.Join(root, PulledDir, checkpoint.StampDir, "sha256-"+desc.Digest.Encoded()+".json")); err != nil {
 		t.Errorf("no verification stamp: %v", err)
 	}
 

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/registry"
 )
@@ -29,7 +30,7 @@ type restorePlan struct {
 	imagesDir  string // CRIU image directory
 	rootfsDiff string // rootfs-diff.tar to apply, "" when none
 	extracted  string // directory extracted from an archive, removed by cleanup; "" when none
-	manifest   *oci.Manifest
+	manifest   *checkpoint.Manifest
 	gpuPairs   []gpu.UUIDPair // device map for the GPU restore in Start; nil without GPUs
 }
 
@@ -45,14 +46,14 @@ func (p *restorePlan) cleanup() {
 // and containerd applies the rootfs diff.
 func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
 	ref := spec.Annotations[oci.AnnotationRestoreFrom]
-	if spec.Annotations[annotationContainerType] == "sandbox" {
+	if spec.Annotations[oci.AnnotationCRIContainerType] == "sandbox" {
 		ref = "" // a pod annotation also reaches the pod's sandbox (pause) container: never restore that
 	}
 	switch {
 	case ref == "" && r.Checkpoint == "":
 		return nil, nil
 	case ref == "":
-		if _, err := os.Stat(filepath.Join(r.Checkpoint, oci.ManifestFile)); err != nil {
+		if _, err := os.Stat(filepath.Join(r.Checkpoint, checkpoint.ManifestFile)); err != nil {
 			log.G(ctx).Info("restoring a checkpoint without a berth manifest: not verified")
 			return nil, nil
 		}
@@ -75,7 +76,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		if path, err = s.pullCheckpoint(ctx, src); err != nil {
 			return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
 		}
-	} else if path, err = oci.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref); err != nil {
+	} else if path, err = checkpoint.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref); err != nil {
 		return nil, classify(fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err))
 	}
 	plan := &restorePlan{dir: path}
@@ -104,13 +105,13 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		plan.dir = dest
 	}
 	verified := plan.dir
-	if _, err := os.Stat(filepath.Join(plan.dir, oci.ManifestFile)); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.ManifestFile)); errors.Is(err, os.ErrNotExist) {
 		// A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export): containerd
 		// writes rootfs-diff.tar, spec.dump and config.dump after the shim signed the CRIU images,
 		// so only checkpoint/berth.json exists and covers the images. `berthctl push` signs the
 		// whole archive; a local CRI archive's other files pass safe extraction only.
-		if _, err := os.Stat(filepath.Join(plan.dir, oci.ImagesDir, oci.ManifestFile)); err == nil {
-			verified = filepath.Join(plan.dir, oci.ImagesDir)
+		if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.ImagesDir, checkpoint.ManifestFile)); err == nil {
+			verified = filepath.Join(plan.dir, checkpoint.ImagesDir)
 			log.G(ctx).WithField("checkpoint", plan.dir).Warn("CRI checkpoint archive: only the CRIU images are covered by digests")
 		}
 	}
@@ -121,36 +122,30 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		return nil, err
 	}
 	plan.imagesDir = plan.dir
-	if fi, err := os.Stat(filepath.Join(plan.dir, oci.ImagesDir)); err == nil && fi.IsDir() {
-		plan.imagesDir = filepath.Join(plan.dir, oci.ImagesDir)
+	if fi, err := os.Stat(filepath.Join(plan.dir, checkpoint.ImagesDir)); err == nil && fi.IsDir() {
+		plan.imagesDir = filepath.Join(plan.dir, checkpoint.ImagesDir)
 	}
-	if _, err := os.Stat(filepath.Join(plan.dir, oci.RootfsDiffFile)); err == nil {
-		plan.rootfsDiff = filepath.Join(plan.dir, oci.RootfsDiffFile)
+	if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.RootfsDiffFile)); err == nil {
+		plan.rootfsDiff = filepath.Join(plan.dir, checkpoint.RootfsDiffFile)
 	}
 	return plan, nil
 }
-
-// annotationContainerType is the CRI annotation saying "sandbox" or "container".
-const annotationContainerType = "io.kubernetes.cri.container-type"
-
-// annotationSandboxNamespace is the CRI annotation with a container's Kubernetes namespace.
-const annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 
 // checkNamespace refuses to restore a checkpoint taken in one Kubernetes namespace into a pod of
 // another (a checkpoint holds the process's memory, secrets included), unless the shim config's
 // namespace_mappings allows "source:destination". The source namespace comes from the
 // checkpoint's spec.dump; checkpoints of containers outside Kubernetes have none and pass.
 func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
-	dst := spec.Annotations[annotationSandboxNamespace]
-	b, err := os.ReadFile(filepath.Join(dir, oci.SpecFile))
+	dst := spec.Annotations[oci.AnnotationCRISandboxNamespace]
+	b, err := os.ReadFile(filepath.Join(dir, checkpoint.SpecFile))
 	if err != nil || dst == "" {
 		return nil
 	}
 	var src specs.Spec
 	if err := json.Unmarshal(b, &src); err != nil {
-		return withClass(fmt.Errorf("checkpoint %s: %s: %w", dir, oci.SpecFile, err), errdefs.ErrInvalidArgument)
+		return withClass(fmt.Errorf("checkpoint %s: %s: %w", dir, checkpoint.SpecFile, err), errdefs.ErrInvalidArgument)
 	}
-	from := src.Annotations[annotationSandboxNamespace]
+	from := src.Annotations[oci.AnnotationCRISandboxNamespace]
 	if from == "" || from == dst {
 		return nil
 	}
@@ -164,12 +159,12 @@ func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
 }
 
 // verify reads dir's manifest, checks every digest and compares the fingerprint with this node's.
-func (s *Service) verify(ctx context.Context, dir string) (*oci.Manifest, error) {
-	m, err := oci.ReadManifest(dir)
+func (s *Service) verify(ctx context.Context, dir string) (*checkpoint.Manifest, error) {
+	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
 		return nil, classify(fmt.Errorf("checkpoint %s: %w", dir, err))
 	}
-	stamped, err := oci.VerifyStamped(dir, m)
+	stamped, err := checkpoint.VerifyStamped(dir, m)
 	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "receiver_stamp": stamped}).Debug("checkpoint verified")
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, withClass(err, errdefs.ErrFailedPrecondition))
@@ -219,7 +214,7 @@ func classify(err error) error {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return withClass(err, errdefs.ErrNotFound)
-	case errors.Is(err, oci.ErrOutsideRoot), errors.Is(err, oci.ErrInvalidRef):
+	case errors.Is(err, checkpoint.ErrOutsideRoot), errors.Is(err, checkpoint.ErrInvalidRef):
 		return withClass(err, errdefs.ErrInvalidArgument)
 	}
 	return err

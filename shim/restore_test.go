@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -24,15 +25,15 @@ var nodeFP = fingerprint.Fingerprint{Version: 1, Kernel: "6.18.0", Arch: "amd64"
 func writeCheckpoint(t *testing.T, root, name string, fp fingerprint.Fingerprint) string {
 	t.Helper()
 	dir := filepath.Join(root, name)
-	if err := os.MkdirAll(filepath.Join(dir, oci.ImagesDir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, checkpoint.ImagesDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for p, body := range map[string]string{"checkpoint/pages-1.img": strings.Repeat("x", 4096), "checkpoint/core-1.img": "core", oci.SpecFile: "{}"} {
+	for p, body := range map[string]string{"checkpoint/pages-1.img": strings.Repeat("x", 4096), "checkpoint/core-1.img": "core", checkpoint.SpecFile: "{}"} {
 		if err := os.WriteFile(filepath.Join(dir, p), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := oci.WriteManifest(dir, &oci.Manifest{Fingerprint: fp, Container: oci.ContainerInfo{ID: "c"}}); err != nil {
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Fingerprint: fp, Container: checkpoint.ContainerInfo{ID: "c"}}); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -63,8 +64,8 @@ func TestPrepareRestore(t *testing.T) {
 		class                 error
 	}{
 		{name: "fresh start", wantImages: ""},
-		{name: "relative ref", ref: "good", wantImages: filepath.Join(good, oci.ImagesDir)},
-		{name: "absolute ref inside root", ref: good, wantImages: filepath.Join(good, oci.ImagesDir)},
+		{name: "relative ref", ref: "good", wantImages: filepath.Join(good, checkpoint.ImagesDir)},
+		{name: "absolute ref inside root", ref: good, wantImages: filepath.Join(good, checkpoint.ImagesDir)},
 		{name: "dot-dot", ref: "good/../good", wantErr: []string{`"good/../good"`}, class: errdefs.ErrInvalidArgument},
 		{name: "outside root", ref: filepath.Join(outside, "elsewhere"), wantErr: []string{"elsewhere"}, class: errdefs.ErrInvalidArgument},
 		{name: "symlink escape", ref: "link", wantErr: []string{`"link"`}, class: errdefs.ErrInvalidArgument},

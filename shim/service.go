@@ -23,11 +23,9 @@ import (
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
-
-// annotationCRIUConfig is runc's annotation naming the CRIU configuration file for a container.
-const annotationCRIUConfig = "org.criu.config"
 
 // criuConfigName is the file the shim writes into each bundle and points org.criu.config at.
 const criuConfigName = "berth-criu.conf"
@@ -37,7 +35,7 @@ type Deps struct {
 	// Fingerprint returns this node's fingerprint (fingerprint.Collect with real probes).
 	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
 	// DumpStats reads CRIU's stats-dump from a CRIU work directory (criu.ReadDumpStats).
-	DumpStats func(workDir string) (oci.CRIUStats, error)
+	DumpStats func(workDir string) (checkpoint.CRIUStats, error)
 	// Now is the clock.
 	Now func() time.Time
 	// GPU is the node's GPU backend (driver, inventory, container device convention); nil on a
@@ -290,25 +288,25 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if g != nil {
 			g.abort(context.WithoutCancel(ctx)) // the workload keeps running, its GPUs unlocked
 		}
-		if tail := criuErrors(filepath.Join(workDir, oci.DumpLogFile), 4); tail != "" {
+		if tail := criuErrors(filepath.Join(workDir, checkpoint.DumpLogFile), 4); tail != "" {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU says: %s", errgrpc.ToNative(err), tail))
 		}
-		if _, serr := os.Stat(filepath.Join(workDir, oci.DumpLogFile)); serr != nil {
+		if _, serr := os.Stat(filepath.Join(workDir, checkpoint.DumpLogFile)); serr != nil {
 			// CRIU stopped before it opened its log: it refused its options
 			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU wrote no log, so it refused its options: check criu_options in %s and the bundle's %s",
-				errgrpc.ToNative(err), ConfigPath(), criuConfigName))
+				errgrpc.ToNative(err), s.cfg.Path, criuConfigName))
 		}
 		return nil, err
 	}
 	dumped := s.deps.Now()
 	known := tail.finish()
-	var phases []oci.Phase
+	var phases []checkpoint.Phase
 	if g != nil {
 		for _, st := range g.steps {
-			phases = append(phases, oci.Phase{Name: st.Name, Ms: st.Ms})
+			phases = append(phases, checkpoint.Phase{Name: st.Name, Ms: st.Ms})
 		}
 	}
-	phases = append(phases, oci.Phase{Name: "criu-dump", Ms: ms(dumped.Sub(start))})
+	phases = append(phases, checkpoint.Phase{Name: "criu-dump", Ms: ms(dumped.Sub(start))})
 	if g != nil && !opts.Exit {
 		n := len(g.steps)
 		if err := g.release(ctx); err != nil {
@@ -317,12 +315,12 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		phases = append(phases, g.steps[n:]...)
 		dumped = s.deps.Now()
 	}
-	m := &oci.Manifest{
-		Version: oci.ManifestVersion,
+	m := &checkpoint.Manifest{
+		Version: checkpoint.ManifestVersion,
 		Created: start.UTC(),
-		Container: oci.ContainerInfo{
+		Container: checkpoint.ContainerInfo{
 			ID:      r.ID,
-			Runtime: RuntimeName,
+			Runtime: oci.RuntimeName,
 		},
 		Phases: phases,
 	}
@@ -344,13 +342,13 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		m.GPU = g.state
 		m.Fingerprint.GPUs = g.fingerprintGPUs()
 	}
-	m.Phases = append(m.Phases, oci.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
+	m.Phases = append(m.Phases, checkpoint.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
 	t := s.deps.Now()
 	var err2 error
-	if m.Files, m.ImageSize, err2 = oci.DigestDirKnown(r.Path, known); err2 != nil {
+	if m.Files, m.ImageSize, err2 = checkpoint.DigestDirKnown(r.Path, known); err2 != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: digest images: %w", r.ID, err2))
 	}
-	if err := oci.WriteManifest(r.Path, m); err != nil {
+	if err := checkpoint.WriteManifest(r.Path, m); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: write manifest: %w", r.ID, err))
 	}
 	log.G(ctx).WithFields(log.Fields{
@@ -364,7 +362,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 // spec changed (the caller writes config.json).
 func (s *Service) setCRIUConfig(bundle string, spec *specs.Spec) (bool, error) {
 	path := filepath.Join(bundle, criuConfigName)
-	if cur, ok := spec.Annotations[annotationCRIUConfig]; ok && filepath.Base(cur) != criuConfigName {
+	if cur, ok := spec.Annotations[oci.AnnotationCRIUConfig]; ok && filepath.Base(cur) != criuConfigName {
 		return false, nil // the user chose their own CRIU configuration
 	}
 	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
@@ -374,10 +372,10 @@ func (s *Service) setCRIUConfig(bundle string, spec *specs.Spec) (bool, error) {
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
-	if spec.Annotations[annotationCRIUConfig] == path {
+	if spec.Annotations[oci.AnnotationCRIUConfig] == path {
 		return false, nil
 	}
-	spec.Annotations[annotationCRIUConfig] = path
+	spec.Annotations[oci.AnnotationCRIUConfig] = path
 	return true, nil
 }
 

@@ -12,14 +12,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // tailDigester hashes the files of a CRIU image directory while CRIU writes them, so the
 // manifest's digests are ready moments after the dump instead of after a second full read. CRIU
 // writes image files front to back and does not rewrite what it wrote. A file that shrinks, is
 // replaced, or cannot be read is left out of the result and read in full afterwards
-// (oci.DigestDirKnown). Were bytes ever rewritten in place after being hashed, the recorded
+// (checkpoint.DigestDirKnown). Were bytes ever rewritten in place after being hashed, the recorded
 // digest would not match and every restore would refuse the checkpoint: a loud failure, never a
 // silent corruption.
 type tailDigester struct {
@@ -61,15 +61,15 @@ func startTailDigester(ctx context.Context, dir string) *tailDigester {
 
 // finish stops following, hashes what was appended since the last pass, and returns the digests
 // (path relative to dir -> File) of every file it followed to the end.
-func (t *tailDigester) finish() map[string]oci.File {
+func (t *tailDigester) finish() map[string]checkpoint.File {
 	close(t.stop)
 	<-t.done
 	buf := make([]byte, 1<<20)
 	t.pass(buf)
-	out := map[string]oci.File{}
+	out := map[string]checkpoint.File{}
 	for p, f := range t.files {
 		if !f.bad {
-			out[p] = oci.File{Path: p, Size: f.off, Digest: oci.DigestAlgorithm + hex.EncodeToString(f.h.Sum(nil))}
+			out[p] = checkpoint.File{Path: p, Size: f.off, Digest: checkpoint.DigestAlgorithm + hex.EncodeToString(f.h.Sum(nil))}
 		}
 	}
 	return out
@@ -82,7 +82,7 @@ func (t *tailDigester) pass(buf []byte) {
 			return nil
 		}
 		rel, err := filepath.Rel(t.dir, p)
-		if err != nil || rel == oci.ManifestFile {
+		if err != nil || rel == checkpoint.ManifestFile {
 			return nil
 		}
 		rel = filepath.ToSlash(rel)

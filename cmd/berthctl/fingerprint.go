@@ -1,14 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"path/filepath"
 
+	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/backend"
+	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/spf13/cobra"
-
-	"github.com/berth-dev/berth/shim"
 )
 
 func init() { subcommands = append(subcommands, fingerprintCmd) }
@@ -20,19 +20,11 @@ func fingerprintCmd() *cobra.Command {
 		Short: "Print this node's fingerprint as JSON (kernel, CRIU, CPU, runc, containerd, GPUs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := shim.DefaultConfig()
-			cfg.CRIUPath, cfg.GPU, cfg.FakeGPURoot = criuPath, gpuKind, fakeRoot
-			if err := gpuFlags(gpuKind, fakeRoot); err != nil {
-				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
-			deps, err := shim.RealDeps(cfg, false)
+			n, err := openNode(criuPath, gpuKind, fakeRoot)
 			if err != nil {
 				return err
 			}
-			fp, err := deps.Fingerprint(cmd.Context())
+			fp, err := n.fingerprint(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -47,16 +39,33 @@ func fingerprintCmd() *cobra.Command {
 	return cmd
 }
 
-// gpuFlags checks the --gpu and --fake-gpu-root flags, naming them (not the config keys).
-func gpuFlags(kind, fakeRoot string) error {
-	switch kind {
-	case "none", "cuda":
-		return nil
-	case "fake":
-		if !filepath.IsAbs(fakeRoot) {
-			return fmt.Errorf("--gpu fake needs --fake-gpu-root with an absolute path, got %q", fakeRoot)
-		}
-		return nil
+// host is what berthctl probes on the machine it runs on: /proc, the CRIU, runc and containerd
+// binaries on PATH, and the GPU backend named by --gpu.
+type host struct {
+	src fingerprint.Sources
+	gpu gpu.Backend // nil with --gpu none
+}
+
+// openNode checks the --gpu and --fake-gpu-root flags (naming the flags, not the shim's config
+// keys) and opens the GPU backend they name.
+func openNode(criuPath, kind, fakeRoot string) (*host, error) {
+	if err := backend.Check(kind, fakeRoot, "--gpu", "--fake-gpu-root"); err != nil {
+		return nil, err
 	}
-	return fmt.Errorf("--gpu %q: want none, cuda or fake", kind)
+	b, err := backend.Open(kind, fakeRoot)
+	if err != nil {
+		return nil, err
+	}
+	return &host{src: fingerprint.NodeSources("/proc", criuPath, nil), gpu: b}, nil
+}
+
+// fingerprint returns this node's fingerprint, GPUs included when a backend is open. The error
+// of the GPU inventory is returned only when the rest was collected.
+func (n *host) fingerprint(ctx context.Context) (fingerprint.Fingerprint, error) {
+	fp, err := fingerprint.Collect(ctx, n.src)
+	if err != nil || n.gpu == nil {
+		return fp, err
+	}
+	fp.GPUs, err = backend.FingerprintGPUs(n.gpu.Inventory())
+	return fp, err
 }

@@ -6,14 +6,15 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"fmt"
-	"github.com/berth-dev/berth/shim/move"
 	"io"
 	"os"
 	"text/tabwriter"
 
+	"github.com/berth-dev/berth/cmd/berthctl/move"
+
 	"github.com/spf13/cobra"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 func init() { subcommands = append(subcommands, checkpointCmd) }
@@ -27,12 +28,12 @@ func checkpointCmd() *cobra.Command {
 		Short: "Show a checkpoint's manifest: container, fingerprint, CRIU statistics, sizes, phases",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := oci.ReadManifest(args[0])
+			m, err := checkpoint.ReadManifest(args[0])
 			if err != nil {
 				return err
 			}
 			if verify {
-				if err := oci.Verify(args[0], m); err != nil {
+				if err := checkpoint.Verify(args[0], m); err != nil {
 					return err
 				}
 			}
@@ -88,7 +89,7 @@ with --exit, lets CRIU end it. Send DIR with 'berthctl send' and restore it with
 	return cmd
 }
 
-func printManifest(w io.Writer, m *oci.Manifest, verified bool) {
+func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "container\t%s (namespace %s, runtime %s)\n", m.Container.ID, m.Container.Namespace, m.Container.Runtime)

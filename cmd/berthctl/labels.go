@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/fingerprint"
-	"github.com/berth-dev/berth/shim"
 )
 
 func init() { subcommands = append(subcommands, labelsCmd) }
@@ -40,26 +40,18 @@ inventory too; a CRIU, runc or containerd version that cannot be read is reporte
 its label left out (selectors that need it then do not match this node).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := shim.DefaultConfig()
-			cfg.CRIUPath, cfg.GPU, cfg.FakeGPURoot = criuPath, gpuKind, fakeRoot
-			if err := gpuFlags(gpuKind, fakeRoot); err != nil {
-				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
 			if interval < 0 {
 				return fmt.Errorf("--interval %s: must not be negative", interval)
 			}
 			if interval > 0 && output == "" {
 				return errors.New("--interval needs --output")
 			}
-			deps, err := shim.RealDeps(cfg, false)
+			n, err := openNode(criuPath, gpuKind, fakeRoot)
 			if err != nil {
 				return err
 			}
 			round := func(ctx context.Context) error {
-				fp, err := nodeFingerprint(ctx, deps, cmd.ErrOrStderr())
+				fp, err := nodeFingerprint(ctx, n, cmd.ErrOrStderr())
 				if err != nil {
 					return err
 				}
@@ -102,14 +94,14 @@ its label left out (selectors that need it then do not match this node).`,
 // nodeFingerprint collects this node's fingerprint for labels. The fields that the hash label
 // covers must be known (kernel, arch, CPU vendor and, with a GPU backend, the GPUs); version
 // probes that fail are reported on warn and leave their field empty, which leaves its label out.
-func nodeFingerprint(ctx context.Context, deps shim.Deps, warn io.Writer) (fingerprint.Fingerprint, error) {
-	fp, err := deps.Fingerprint(ctx)
+func nodeFingerprint(ctx context.Context, n *host, warn io.Writer) (fingerprint.Fingerprint, error) {
+	fp, err := n.fingerprint(ctx)
 	if ctx.Err() != nil {
 		return fp, ctx.Err()
 	}
-	// RealDeps skips the GPU inventory when any other source failed; ask it directly then.
-	if err != nil && deps.GPU != nil && fp.GPUs == nil {
-		gpus, gerr := shim.NodeGPUs(deps.GPU.Inventory())
+	// n.fingerprint skips the GPU inventory when any other source failed; ask it directly then.
+	if err != nil && n.gpu != nil && fp.GPUs == nil {
+		gpus, gerr := backend.FingerprintGPUs(n.gpu.Inventory())
 		if gerr != nil {
 			return fp, fmt.Errorf("collect fingerprint: %w", errors.Join(err, gerr))
 		}
@@ -119,7 +111,7 @@ func nodeFingerprint(ctx context.Context, deps shim.Deps, warn io.Writer) (finge
 	switch {
 	case fp.Kernel == "", fp.Arch == "", fp.CPU.Vendor == "":
 		missing = "kernel, arch or CPU vendor unknown"
-	case deps.GPU != nil && len(fp.GPUs) == 0:
+	case n.gpu != nil && len(fp.GPUs) == 0:
 		missing = "the GPU backend reports no GPUs"
 	}
 	if missing != "" {

@@ -14,8 +14,8 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/berth-dev/berth/cmd/berthctl/move"
 	"github.com/berth-dev/berth/oci/transfer"
-	"github.com/berth-dev/berth/shim/move"
 )
 
 func init() {

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/registry"
 )
 
@@ -180,7 +180,7 @@ against berth.json at the end. On any failure DIR is removed: nothing half-pulle
 			if err != nil {
 				return err
 			}
-			m, err := oci.ReadManifest(dir)
+			m, err := checkpoint.ReadManifest(dir)
 			if err != nil {
 				return err
 			}

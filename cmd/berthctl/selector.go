@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -64,13 +64,13 @@ checks the whole fingerprint (CPU flags, CRIU version, GPU memory) when the pod 
 }
 
 // readCheckpointManifest reads the berth manifest of a checkpoint directory or archive file.
-func readCheckpointManifest(p string) (*oci.Manifest, error) {
+func readCheckpointManifest(p string) (*checkpoint.Manifest, error) {
 	info, err := os.Stat(p)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w (a registry reference must be pulled first: berthctl pull REF DIR)", p, err)
 	}
 	if info.IsDir() {
-		return oci.ReadManifest(p)
+		return checkpoint.ReadManifest(p)
 	}
 	if !info.Mode().IsRegular() {
 		return nil, fmt.Errorf("checkpoint %s: not a directory or a regular file", p)
@@ -81,7 +81,7 @@ func readCheckpointManifest(p string) (*oci.Manifest, error) {
 // readArchiveManifest reads the top-level berth.json of a checkpoint tar archive. It reads tar
 // headers only until it finds berth.json (first in berth's archives); file contents before it
 // are skipped by seeking, not read.
-func readArchiveManifest(p string) (*oci.Manifest, error) {
+func readArchiveManifest(p string) (*checkpoint.Manifest, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint archive: %w", err)
@@ -98,30 +98,30 @@ func readArchiveManifest(p string) (*oci.Manifest, error) {
 	for i := 0; i < maxSelectorArchiveEntries; i++ {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("checkpoint archive %s: no top-level %s", p, oci.ManifestFile)
+			return nil, fmt.Errorf("checkpoint archive %s: no top-level %s", p, checkpoint.ManifestFile)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint archive %s: %w", p, err)
 		}
-		if path.Clean(hdr.Name) != oci.ManifestFile {
+		if path.Clean(hdr.Name) != checkpoint.ManifestFile {
 			continue
 		}
 		if hdr.Typeflag != tar.TypeReg {
-			return nil, fmt.Errorf("checkpoint archive %s: %s: %w", p, hdr.Name, oci.ErrUnsupportedFile)
+			return nil, fmt.Errorf("checkpoint archive %s: %s: %w", p, hdr.Name, checkpoint.ErrUnsupportedFile)
 		}
-		if hdr.Size > oci.MaxManifestBytes {
+		if hdr.Size > checkpoint.MaxManifestBytes {
 			return nil, fmt.Errorf("checkpoint archive %s: %s: %w: %d bytes, more than %d",
-				p, hdr.Name, oci.ErrInvalidManifest, hdr.Size, oci.MaxManifestBytes)
+				p, hdr.Name, checkpoint.ErrInvalidManifest, hdr.Size, checkpoint.MaxManifestBytes)
 		}
-		data, err := io.ReadAll(bufio.NewReader(io.LimitReader(tr, oci.MaxManifestBytes+1)))
+		data, err := io.ReadAll(bufio.NewReader(io.LimitReader(tr, checkpoint.MaxManifestBytes+1)))
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint archive %s: %s: %w", p, hdr.Name, err)
 		}
-		m, err := oci.ParseManifest(data)
+		m, err := checkpoint.ParseManifest(data)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint archive %s: %s: %w", p, hdr.Name, err)
 		}
 		return m, nil
 	}
-	return nil, fmt.Errorf("checkpoint archive %s: no %s in the first %d entries", p, oci.ManifestFile, maxSelectorArchiveEntries)
+	return nil, fmt.Errorf("checkpoint archive %s: no %s in the first %d entries", p, checkpoint.ManifestFile, maxSelectorArchiveEntries)
 }

@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -35,23 +35,23 @@ func checkpointFingerprint() fingerprint.Fingerprint {
 func checkpointDir(t *testing.T, fp fingerprint.Fingerprint) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	if err := os.MkdirAll(filepath.Join(dir, oci.ImagesDir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, checkpoint.ImagesDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	for name, body := range map[string]string{
-		oci.ImagesDir + "/pages-1.img": strings.Repeat("p", 4096),
-		oci.SpecFile:                   "{}",
+		checkpoint.ImagesDir + "/pages-1.img": strings.Repeat("p", 4096),
+		checkpoint.SpecFile:                   "{}",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	files, size, err := oci.DigestDir(dir)
+	files, size, err := checkpoint.DigestDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &oci.Manifest{Version: oci.ManifestVersion, Fingerprint: fp, Files: files, ImageSize: size}
-	if err := oci.WriteManifest(dir, m); err != nil {
+	m := &checkpoint.Manifest{Version: checkpoint.ManifestVersion, Fingerprint: fp, Files: files, ImageSize: size}
+	if err := checkpoint.WriteManifest(dir, m); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -88,7 +88,7 @@ func TestCheckpointSelector(t *testing.T) {
 	}
 	// berth.json after other entries (as a kubelet-layout archive may have it).
 	late := filepath.Join(t.TempDir(), "late.tar")
-	manifest, err := os.ReadFile(filepath.Join(dir, oci.ManifestFile))
+	manifest, err := os.ReadFile(filepath.Join(dir, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,11 @@ import (
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	"github.com/containerd/containerd/v2/pkg/shim"
 
+	"github.com/berth-dev/berth/oci"
 	berth "github.com/berth-dev/berth/shim"
 )
 
 func main() {
-	berth.Register()
-	shim.RunShim(context.Background(), manager.NewShimManager(berth.RuntimeName))
+	berth.Register(berth.ConfigPath())
+	shim.RunShim(context.Background(), manager.NewShimManager(oci.RuntimeName))
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/nri/alloc"
+	"github.com/berth-dev/berth/oci"
 )
 
 // DeviceInfo returns the type ("c" or "b") and major/minor numbers of the host device node at
@@ -73,7 +74,7 @@ func (p *Plugin) adjustment(pl alloc.Placement) *api.ContainerAdjustment {
 		}
 		adj.AddEnv(EnvVisibleDevices, strings.Join(names, ","))
 	}
-	adj.AddAnnotation(AnnotationPlacement, p.encodeRecord(pl))
+	adj.AddAnnotation(oci.AnnotationPlacement, p.encodeRecord(pl))
 	return adj
 }
 

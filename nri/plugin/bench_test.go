@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/berth-dev/berth/nri/plugin"
+	"github.com/berth-dev/berth/oci"
 )
 
 func benchContainer(id string, gpus, cpus int, sharedMilli int64) (*api.PodSandbox, *api.Container) {
@@ -17,7 +18,7 @@ func benchContainer(id string, gpus, cpus int, sharedMilli int64) (*api.PodSandb
 	c := &api.Container{Id: id, Name: "main", Annotations: map[string]string{},
 		Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{}}}}
 	if gpus > 0 {
-		c.Annotations[plugin.AnnotationGPUs] = fmt.Sprint(gpus)
+		c.Annotations[oci.AnnotationGPUs] = fmt.Sprint(gpus)
 	}
 	cpu := c.Linux.Resources.Cpu
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/nri/alloc"
 	"github.com/berth-dev/berth/nri/node"
+	"github.com/berth-dev/berth/oci"
 )
 
 // Plugin handles NRI events for one node. Create it with New; it is safe for concurrent use
@@ -125,8 +126,8 @@ func (p *Plugin) Synchronize(ctx context.Context, _ []*api.PodSandbox, ctrs []*a
 			s != api.ContainerState_CONTAINER_PAUSED
 	})
 	managedFirst := func(a, b *api.Container) int {
-		_, ra := a.GetAnnotations()[AnnotationPlacement]
-		_, rb := b.GetAnnotations()[AnnotationPlacement]
+		_, ra := a.GetAnnotations()[oci.AnnotationPlacement]
+		_, rb := b.GetAnnotations()[oci.AnnotationPlacement]
 		if ra != rb {
 			if ra {
 				return -1
@@ -159,7 +160,7 @@ func (p *Plugin) observe(ctx context.Context, c *api.Container) (alloc.Placement
 			current = append(current, cpu.ID)
 		}
 	}
-	if v, ok := c.GetAnnotations()[AnnotationPlacement]; ok {
+	if v, ok := c.GetAnnotations()[oci.AnnotationPlacement]; ok {
 		pl, err := p.decodeRecord(c.GetId(), v)
 		if err == nil {
 			if !pl.Exclusive {

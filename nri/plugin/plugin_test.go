@@ -24,6 +24,7 @@ import (
 	"github.com/berth-dev/berth/nri/node"
 	"github.com/berth-dev/berth/nri/node/nodetest"
 	"github.com/berth-dev/berth/nri/plugin"
+	"github.com/berth-dev/berth/oci"
 )
 
 var dgxNode *node.Node
@@ -248,7 +249,7 @@ func (rt *runtime) cpus(name string) string {
 
 func cfg() plugin.Config { return plugin.DefaultConfig() }
 
-func gpus(n int) map[string]string { return map[string]string{plugin.AnnotationGPUs: fmt.Sprint(n)} }
+func gpus(n int) map[string]string { return map[string]string{oci.AnnotationGPUs: fmt.Sprint(n)} }
 
 func devicePaths(adj *api.ContainerAdjustment) []string {
 	var p []string
@@ -291,7 +292,7 @@ func TestRuntimeCreateRestartStop(t *testing.T) {
 	if got := env(adj, plugin.EnvVisibleDevices); got != uuid(0)+","+uuid(1) {
 		t.Errorf("a: NVIDIA_VISIBLE_DEVICES=%q", got)
 	}
-	rec := adj.GetAnnotations()[plugin.AnnotationPlacement]
+	rec := adj.GetAnnotations()[oci.AnnotationPlacement]
 	for _, want := range []string{`"cpus":"0-1,112-113"`, `"exclusive":true`, `"gpus":"0-1"`, `"policy":"best-effort"`, uuid(1)} {
 		if !strings.Contains(rec, want) {
 			t.Errorf("placement annotation %s lacks %s", rec, want)
@@ -357,15 +358,15 @@ func TestRuntimeBadInput(t *testing.T) {
 		cs   ctrSpec
 		want string
 	}{
-		{"words", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "two"}}, `berth.dev/gpus="two": want a whole number of GPUs`},
-		{"negative", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "-1"}}, `berth.dev/gpus="-1": want a whole number`},
-		{"fraction", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "1.5"}}, `"1.5"`},
-		{"empty", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: ""}}, `berth.dev/gpus=""`},
-		{"huge", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "99999999999999999999"}}, "too many GPUs"},
+		{"words", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "two"}}, `berth.dev/gpus="two": want a whole number of GPUs`},
+		{"negative", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "-1"}}, `berth.dev/gpus="-1": want a whole number`},
+		{"fraction", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1.5"}}, `"1.5"`},
+		{"empty", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: ""}}, `berth.dev/gpus=""`},
+		{"huge", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "99999999999999999999"}}, "too many GPUs"},
 		{"larger than node", ctrSpec{annotations: gpus(9)}, "it asks for 9 GPUs; this node has 8 GPUs"},
 		{"too many CPUs", ctrSpec{cpus: 300}, "it asks for 300 exclusive CPUs; this node can give at most 223"},
-		{"unknown policy", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "1", plugin.AnnotationPolicy: "tight"}}, `unknown NUMA policy "tight"`},
-		{"single-numa 8", ctrSpec{annotations: map[string]string{plugin.AnnotationGPUs: "8", plugin.AnnotationPolicy: "single-numa-node"}},
+		{"unknown policy", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1", oci.AnnotationNUMAPolicy: "tight"}}, `unknown NUMA policy "tight"`},
+		{"single-numa 8", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "8", oci.AnnotationNUMAPolicy: "single-numa-node"}},
 			"no single NUMA node can hold 8 free GPUs even when empty; free now: node 0: 4 GPUs (0-3), 112 CPUs; node 1: 4 GPUs (4-7), 112 CPUs"},
 		{"count disagrees with CDI", ctrSpec{annotations: gpus(2), cdi: []string{"nvidia.com/gpu=" + uuid(5)}}, `berth.dev/gpus="2", but the container already has GPUs 5`},
 	}
@@ -419,11 +420,11 @@ func TestRuntimeCDIAndAssigned(t *testing.T) {
 	if _, _, err := rt.create("dev", ctrSpec{name: "dev", devices: []string{"/dev/nvidia7"}, env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = rt.create("three", ctrSpec{name: "three", annotations: map[string]string{plugin.AnnotationGPUs: "3", plugin.AnnotationPolicy: "single-numa-node"}})
+	_, _, err = rt.create("three", ctrSpec{name: "three", annotations: map[string]string{oci.AnnotationGPUs: "3", oci.AnnotationNUMAPolicy: "single-numa-node"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = rt.create("four", ctrSpec{name: "four", annotations: map[string]string{plugin.AnnotationGPUs: "2", plugin.AnnotationPolicy: "single-numa-node"}})
+	_, _, err = rt.create("four", ctrSpec{name: "four", annotations: map[string]string{oci.AnnotationGPUs: "2", oci.AnnotationNUMAPolicy: "single-numa-node"}})
 	if err == nil || !strings.Contains(err.Error(), "no NUMA node has 2 free GPUs; free now: node 0: 0 GPUs") || !strings.Contains(err.Error(), "node 1: 1 GPU (4)") {
 		t.Fatalf("expected a single-numa-node refusal naming the free GPUs, got %v", err)
 	}
@@ -445,7 +446,7 @@ func TestConcurrentCreates(t *testing.T) {
 				g = 1
 			}
 			pod := &api.PodSandbox{Id: fmt.Sprint("p", i), Name: fmt.Sprint("p", i), Namespace: "default"}
-			c := &api.Container{Id: fmt.Sprint("c", i), Name: "c", Annotations: map[string]string{plugin.AnnotationGPUs: fmt.Sprint(g)},
+			c := &api.Container{Id: fmt.Sprint("c", i), Name: "c", Annotations: map[string]string{oci.AnnotationGPUs: fmt.Sprint(g)},
 				Linux: &api.LinuxContainer{Resources: &api.LinuxResources{Cpu: &api.LinuxCPU{
 					Quota: api.Int64(int64(500000)), Period: api.UInt64(uint64(100000)), Shares: api.UInt64(uint64(5 * 1024))}}}}
 			_, _, errs[i] = p.CreateContainer(context.Background(), pod, c)

@@ -13,13 +13,7 @@ import (
 
 	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/nri/alloc"
-)
-
-// Annotation keys (see the package documentation).
-const (
-	AnnotationGPUs      = "berth.dev/gpus"
-	AnnotationPolicy    = "berth.dev/numa-policy"
-	AnnotationPlacement = "berth.dev/placement"
+	"github.com/berth-dev/berth/oci"
 )
 
 // EnvVisibleDevices is the NVIDIA container toolkit's variable naming a container's GPUs.
@@ -159,7 +153,7 @@ func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
 // alloc.ErrUnknownPolicy and name the annotation.
 func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, []string, error) {
 	r := alloc.Request{ID: c.GetId(), Name: "container " + containerName(pod, c), Policy: p.policy}
-	if v, where, ok := annotation(pod, c, AnnotationPolicy); ok {
+	if v, where, ok := annotation(pod, c, oci.AnnotationNUMAPolicy); ok {
 		pol, err := alloc.ParsePolicy(strings.TrimSpace(v))
 		if err != nil {
 			return r, nil, fmt.Errorf("%s: %w", where, err)
@@ -168,7 +162,7 @@ func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, 
 	}
 	r.ExclusiveCPUs, r.MilliCPU = cpuRequest(c)
 	assigned, notes := p.containerGPUs(c)
-	v, where, ok := annotation(pod, c, AnnotationGPUs)
+	v, where, ok := annotation(pod, c, oci.AnnotationGPUs)
 	if !ok {
 		r.AssignedGPUs = assigned
 		return r, notes, nil
@@ -229,7 +223,7 @@ func (p *Plugin) encodeRecord(pl alloc.Placement) string {
 func (p *Plugin) decodeRecord(id, v string) (alloc.Placement, error) {
 	var rec record
 	if err := json.Unmarshal([]byte(v), &rec); err != nil {
-		return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, AnnotationPlacement, err)
+		return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, oci.AnnotationPlacement, err)
 	}
 	pl := alloc.Placement{ID: id, Exclusive: rec.Exclusive, ChosenGPUs: rec.Chosen, Policy: alloc.Policy(rec.Policy), Aligned: rec.Aligned}
 	var err error
@@ -242,7 +236,7 @@ func (p *Plugin) decodeRecord(id, v string) (alloc.Placement, error) {
 			continue
 		}
 		if *l.dst, err = topology.ParseIDList(l.s); err != nil {
-			return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, AnnotationPlacement, err)
+			return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, oci.AnnotationPlacement, err)
 		}
 	}
 	if len(rec.UUIDs) == len(pl.GPUs) && len(rec.UUIDs) > 0 {

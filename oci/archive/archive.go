@@ -13,7 +13,7 @@
 // for the offending entry, and removes everything it created when it fails.
 //
 // What belongs here: the tar form of a checkpoint. What does not: the manifest and its digests
-// (package oci; Extract does not verify digests, its caller runs oci.Verify), and moving bytes
+// (package oci; Extract does not verify digests, its caller runs checkpoint.Verify), and moving bytes
 // between nodes (oci/transfer).
 package archive
 
@@ -28,7 +28,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
 )
 
@@ -69,7 +69,7 @@ type entry struct {
 // precedes its contents). berth.json need not exist; a checkpoint without one archives fine but
 // will not pass a receiver's verification.
 //
-// Errors: oci.ErrUnsupportedFile (wrapped, naming the path and type) for a symlink, device,
+// Errors: checkpoint.ErrUnsupportedFile (wrapped, naming the path and type) for a symlink, device,
 // FIFO or socket under dir; the *fs.PathError of a failed directory read or stat.
 func New(dir string) (*Archive, error) {
 	root, err := os.OpenRoot(dir)
@@ -96,7 +96,7 @@ func New(dir string) (*Archive, error) {
 		case m.IsRegular():
 			entries = append(entries, entry{name: p, rel: p, size: info.Size(), mode: int64(m.Perm() & 0o644)})
 		default:
-			return fmt.Errorf("%s: %w (%s)", p, oci.ErrUnsupportedFile, fsutil.TypeName(m))
+			return fmt.Errorf("%s: %w (%s)", p, checkpoint.ErrUnsupportedFile, fsutil.TypeName(m))
 		}
 		return nil
 	})
@@ -106,8 +106,8 @@ func New(dir string) (*Archive, error) {
 	slices.SortFunc(entries, func(a, b entry) int {
 		// berth.json first; then byte-wise by path, which puts every directory before its
 		// contents (a prefix sorts first).
-		if (a.rel == oci.ManifestFile) != (b.rel == oci.ManifestFile) {
-			if a.rel == oci.ManifestFile {
+		if (a.rel == checkpoint.ManifestFile) != (b.rel == checkpoint.ManifestFile) {
+			if a.rel == checkpoint.ManifestFile {
 				return -1
 			}
 			return 1

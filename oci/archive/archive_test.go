@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 func writeTree(t testing.TB, dir string, files map[string]string) {
@@ -50,15 +50,15 @@ func sampleDir(t *testing.T) (string, map[string]string) {
 	if err := os.Chmod(filepath.Join(dir, "a-b"), 0o777); err != nil {
 		t.Fatal(err)
 	}
-	m := &oci.Manifest{}
-	if err := oci.WriteManifest(dir, m); err != nil {
+	m := &checkpoint.Manifest{}
+	if err := checkpoint.WriteManifest(dir, m); err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, oci.ManifestFile))
+	data, err := os.ReadFile(filepath.Join(dir, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	files[oci.ManifestFile] = string(data)
+	files[checkpoint.ManifestFile] = string(data)
 	return dir, files
 }
 
@@ -97,8 +97,8 @@ func TestWriteExtractRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i == 0 && hdr.Name != oci.ManifestFile {
-			t.Errorf("first entry %q, want %s", hdr.Name, oci.ManifestFile)
+		if i == 0 && hdr.Name != checkpoint.ManifestFile {
+			t.Errorf("first entry %q, want %s", hdr.Name, checkpoint.ManifestFile)
 		}
 		if parent := filepath.Dir(strings.TrimSuffix(hdr.Name, "/")); parent != "." && !seen[parent+"/"] {
 			t.Errorf("%s comes before its directory", hdr.Name)
@@ -135,11 +135,11 @@ func TestWriteExtractRoundTrip(t *testing.T) {
 		}
 	}
 	checkModes(t, dest)
-	m, err := oci.ReadManifest(dest)
+	m, err := checkpoint.ReadManifest(dest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := oci.Verify(dest, m); err != nil {
+	if err := checkpoint.Verify(dest, m); err != nil {
 		t.Errorf("extracted checkpoint does not verify: %v", err)
 	}
 }
@@ -304,7 +304,7 @@ func TestWriteRejectsSpecialFiles(t *testing.T) {
 		t.Skip(err)
 	}
 	err := Write(io.Discard, dir)
-	if !errors.Is(err, oci.ErrUnsupportedFile) || !strings.Contains(err.Error(), "pipe") {
+	if !errors.Is(err, checkpoint.ErrUnsupportedFile) || !strings.Contains(err.Error(), "pipe") {
 		t.Fatalf("got %v, want ErrUnsupportedFile naming pipe", err)
 	}
 	if err := os.Remove(filepath.Join(dir, "pipe")); err != nil {
@@ -313,7 +313,7 @@ func TestWriteRejectsSpecialFiles(t *testing.T) {
 	if err := os.Symlink("berth.json", filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := Write(io.Discard, dir); !errors.Is(err, oci.ErrUnsupportedFile) {
+	if err := Write(io.Discard, dir); !errors.Is(err, checkpoint.ErrUnsupportedFile) {
 		t.Fatalf("symlink: got %v", err)
 	}
 }

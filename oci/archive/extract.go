@@ -91,7 +91,7 @@ var (
 // Every check on an entry (count, name, type, size) happens before anything is written for it.
 // Extract reads up to and including the end-of-archive marker, and no further. A stream that
 // stops exactly between two entries cannot be told from a complete one: verify the result
-// (oci.Verify) or compare the byte count with the sender's.
+// (checkpoint.Verify) or compare the byte count with the sender's.
 //
 // Errors: the *fs.PathError of creating dest (fs.ErrExist when it exists); ErrUnsafePath,
 // ErrLink, ErrSpecialFile, ErrFileTooLarge, ErrTotalTooLarge, ErrTooManyEntries,
@@ -107,7 +107,7 @@ type Digests map[string]string
 
 // ExtractDigests is Extract that also returns the sha256 of every regular file it wrote,
 // computed while writing: a caller verifying a checkpoint against its manifest
-// (oci.VerifyDigests) need not read the files back. Errors are Extract's.
+// (checkpoint.VerifyDigests) need not read the files back. Errors are Extract's.
 func ExtractDigests(r io.Reader, dest string, lim Limits) (Digests, error) {
 	d := Digests{}
 	if err := extractTo(r, dest, lim, d); err != nil {

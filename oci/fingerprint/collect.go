@@ -295,3 +295,19 @@ func versionToken(line string) (string, bool) {
 	}
 	return "", false
 }
+
+// NodeSources returns the Sources of a real node: procRoot (normally "/proc"), runtime.GOARCH,
+// and the versions printed by `CRIU --version` (criuPath, "" meaning criu from PATH),
+// `runc --version` and `containerd --version`, each run by run (nil: (*exec.Cmd).Output).
+func NodeSources(procRoot, criuPath string, run Runner) Sources {
+	if criuPath == "" {
+		criuPath = "criu"
+	}
+	return Sources{
+		ProcRoot:          procRoot,
+		Arch:              runtime.GOARCH,
+		CRIUVersion:       ExecVersionWith(run, criuPath, "--version"),
+		RuncVersion:       ExecVersionWith(run, "runc", "--version"),
+		ContainerdVersion: ExecVersionWith(run, "containerd", "--version"),
+	}
+}

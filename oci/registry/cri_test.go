@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -23,7 +23,7 @@ func makeCRIArchive(t *testing.T, tamper bool) string {
 	t.Helper()
 	base := t.TempDir()
 	dir := filepath.Join(base, "cri")
-	images := filepath.Join(dir, oci.ImagesDir)
+	images := filepath.Join(dir, checkpoint.ImagesDir)
 	if err := os.MkdirAll(images, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -34,24 +34,24 @@ func makeCRIArchive(t *testing.T, tamper bool) string {
 	}
 	write("checkpoint/pages-1.img", strings.Repeat("p", 1<<16))
 	write("checkpoint/core-1.img", "core")
-	inner := &oci.Manifest{
+	inner := &checkpoint.Manifest{
 		Created:     time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC),
-		Container:   oci.ContainerInfo{ID: "task-id", Runtime: "io.containerd.berth.v2"},
+		Container:   checkpoint.ContainerInfo{ID: "task-id", Runtime: "io.containerd.berth.v2"},
 		Fingerprint: fingerprint.Fingerprint{Arch: "amd64", Kernel: "6.1.0-test"},
-		CRIU:        oci.CRIUStats{PagesWritten: 16},
-		Phases:      []oci.Phase{{Name: "criu-dump", Ms: 12}},
-		GPU: &oci.GPUState{Driver: "580.65.06", CUDA: "12.8",
-			Devices: []oci.GPUDevice{{UUID: "GPU-node1-0", Name: "Fake H200", MemoryTotal: 4 << 30, MemoryUsed: 1 << 20}}},
+		CRIU:        checkpoint.CRIUStats{PagesWritten: 16},
+		Phases:      []checkpoint.Phase{{Name: "criu-dump", Ms: 12}},
+		GPU: &checkpoint.GPUState{Driver: "580.65.06", CUDA: "12.8",
+			Devices: []checkpoint.GPUDevice{{UUID: "GPU-node1-0", Name: "Fake H200", MemoryTotal: 4 << 30, MemoryUsed: 1 << 20}}},
 	}
-	if err := oci.WriteManifest(images, inner); err != nil {
+	if err := checkpoint.WriteManifest(images, inner); err != nil {
 		t.Fatal(err)
 	}
 	if tamper {
 		write("checkpoint/core-1.img", "CORE")
 	}
-	write(oci.ConfigFile, `{"id":"3f2a","name":"infer","rootfsImage":"sha256:`+strings.Repeat("cd", 32)+`","rootfsImageRef":"sha256:`+strings.Repeat("ef", 32)+`","rootfsImageName":"localhost/berth/infer:e2e","runtime":"io.containerd.berth.v2","createdTime":"2026-05-01T11:00:00Z","checkpointedTime":"2026-05-01T12:00:00Z","restoredTime":"0001-01-01T00:00:00Z","restored":false}`)
-	write(oci.SpecFile, `{"ociVersion":"1.2.0","annotations":{"io.kubernetes.cri.sandbox-namespace":"default"}}`)
-	write(oci.RootfsDiffFile, "diff")
+	write(checkpoint.ConfigFile, `{"id":"3f2a","name":"infer","rootfsImage":"sha256:`+strings.Repeat("cd", 32)+`","rootfsImageRef":"sha256:`+strings.Repeat("ef", 32)+`","rootfsImageName":"localhost/berth/infer:e2e","runtime":"io.containerd.berth.v2","createdTime":"2026-05-01T11:00:00Z","checkpointedTime":"2026-05-01T12:00:00Z","restoredTime":"0001-01-01T00:00:00Z","restored":false}`)
+	write(checkpoint.SpecFile, `{"ociVersion":"1.2.0","annotations":{"io.kubernetes.cri.sandbox-namespace":"default"}}`)
+	write(checkpoint.RootfsDiffFile, "diff")
 	write("status", `{"Pid":42}`)
 	out := filepath.Join(base, "cri.tar")
 	f, err := os.Create(out)
@@ -82,7 +82,7 @@ func TestPushCRIArchive(t *testing.T) {
 	if err := Pull(ctx, ref, dir, Options{PlainHTTP: true}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := oci.ReadManifest(dir)
+	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestPushCRIArchive(t *testing.T) {
 		!m.Created.Equal(time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)) || len(m.Phases) != 1 {
 		t.Errorf("signed manifest lost the shim's: %+v", m)
 	}
-	if err := oci.Verify(dir, m); err != nil {
+	if err := checkpoint.Verify(dir, m); err != nil {
 		t.Error(err)
 	}
 
@@ -117,7 +117,7 @@ func TestPushCRIArchive(t *testing.T) {
 	// Tampered CRIU images: refused before anything is uploaded.
 	bad := makeCRIArchive(t, true)
 	_, err = Push(ctx, bad, r.ref("berth/cri:bad"), Options{PlainHTTP: true})
-	if !errors.Is(err, oci.ErrSizeMismatch) && !errors.Is(err, oci.ErrDigestMismatch) {
+	if !errors.Is(err, checkpoint.ErrSizeMismatch) && !errors.Is(err, checkpoint.ErrDigestMismatch) {
 		t.Fatalf("push of a CRI archive with changed images: %v; want a digest mismatch", err)
 	}
 	if !strings.Contains(err.Error(), "checkpoint/core-1.img") {
@@ -129,7 +129,7 @@ func TestPushCRIArchive(t *testing.T) {
 
 	// A CRI checkpoint directory (not an archive) is refused with a hint.
 	_, err = Push(context.Background(), filepath.Join(filepath.Dir(src), "cri"), r.ref("berth/cri:dir"), Options{PlainHTTP: true})
-	if !errors.Is(err, oci.ErrNotCRICheckpoint) || !strings.Contains(err.Error(), "push the archive") {
+	if !errors.Is(err, checkpoint.ErrNotCRICheckpoint) || !strings.Contains(err.Error(), "push the archive") {
 		t.Errorf("push of a CRI directory: %v", err)
 	}
 }

@@ -35,13 +35,13 @@
 //
 // # What is checked
 //
-// Push verifies the checkpoint against its berth.json (oci.Verify) before uploading, and the
+// Push verifies the checkpoint against its berth.json (checkpoint.Verify) before uploading, and the
 // registry checks each blob's digest on upload. Pull checks, before creating the destination
 // directory: the manifest's digest (and the reference's, for a digest reference), the artifact
 // and config media types, every layer title (relative, clean, no "..": archive.ErrUnsafePath),
 // the file count and sizes against Options.Limits, and that the layers are exactly berth.json's
 // files. It then writes each file through an os.Root on the new directory, verifying each
-// blob's size and digest while it streams, and finally runs oci.ReadManifest and oci.Verify on
+// blob's size and digest while it streams, and finally runs checkpoint.ReadManifest and checkpoint.Verify on
 // the result. A failed Pull removes the directory it created.
 //
 // What belongs here: the checkpoint's OCI artifact form and moving it to and from a registry.

@@ -9,19 +9,19 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // The layout needs no registry: these run everywhere.
 
 func TestArtifactManifestLayout(t *testing.T) {
 	dir := makeCheckpoint(t)
-	config, err := os.ReadFile(filepath.Join(dir, oci.ManifestFile))
+	config, err := os.ReadFile(filepath.Join(dir, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := oci.ParseManifest(config)
+	m, err := checkpoint.ParseManifest(config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
 )
 
@@ -28,17 +28,17 @@ import (
 // (archive.ErrUnsafePath for an absolute path, "..", or berth.json), the number of files and
 // their sizes against Options.Limits, and that the layers are exactly the files berth.json
 // lists. Each blob's size and digest are checked while it streams, and the result is verified
-// again with oci.ReadManifest and oci.Verify. Up to Options.Concurrency files are downloaded at
-// once. A successful Pull leaves a verification stamp (oci.WriteStamp, in <parent>/.verified/)
+// again with checkpoint.ReadManifest and checkpoint.Verify. Up to Options.Concurrency files are downloaded at
+// once. A successful Pull leaves a verification stamp (checkpoint.WriteStamp, in <parent>/.verified/)
 // so a shim restoring from dir skips re-reading files that have not changed since.
 //
 // Errors (wrapped, naming the reference, the registry and dir): an error wrapping fs.ErrExist
 // when dir exists; ErrUnauthorized when the registry wants credentials or refuses them;
 // ErrNotCheckpoint, ErrLayerMismatch; archive.ErrUnsafePath,
 // archive.ErrDuplicateEntry, archive.ErrTooManyEntries, archive.ErrFileTooLarge,
-// archive.ErrTotalTooLarge; oci.ErrDigestMismatch for a blob whose content does not match its
-// digest (together with oras-go's content.ErrMismatchedDigest) or a file that fails oci.Verify,
-// and oci.Verify's other errors; oci.ParseManifest's for a bad berth.json; the registry's errors
+// archive.ErrTotalTooLarge; checkpoint.ErrDigestMismatch for a blob whose content does not match its
+// digest (together with oras-go's content.ErrMismatchedDigest) or a file that fails checkpoint.Verify,
+// and checkpoint.Verify's other errors; checkpoint.ParseManifest's for a bad berth.json; the registry's errors
 // (errdef.ErrNotFound for an unknown reference, errcode.ErrorResponse for 401 and others) and
 // network errors; ctx's error when cancelled.
 func Pull(ctx context.Context, ref, dir string, opts Options) error {
@@ -91,8 +91,8 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err := checkLayers(man.Layers, opts.Limits.WithDefaults()); err != nil {
 		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
-	if man.Config.Size > oci.MaxManifestBytes || man.Config.Size < 0 {
-		return fmt.Errorf("manifest %s: %w: config of %d bytes", desc.Digest, oci.ErrInvalidManifest, man.Config.Size)
+	if man.Config.Size > checkpoint.MaxManifestBytes || man.Config.Size < 0 {
+		return fmt.Errorf("manifest %s: %w: config of %d bytes", desc.Digest, checkpoint.ErrInvalidManifest, man.Config.Size)
 	}
 
 	pr := &progress{fn: opts.Progress, total: man.Config.Size}
@@ -102,12 +102,12 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	pr.start()
 	config, err := fetchConfig(ctx, t, man.Config)
 	if err != nil {
-		return fmt.Errorf("fetch %s (%s): %w", oci.ManifestFile, man.Config.Digest, err)
+		return fmt.Errorf("fetch %s (%s): %w", checkpoint.ManifestFile, man.Config.Digest, err)
 	}
 	pr.add(int64(len(config)))
-	m, err := oci.ParseManifest(config)
+	m, err := checkpoint.ParseManifest(config)
 	if err != nil {
-		return fmt.Errorf("%s (%s): %w", oci.ManifestFile, man.Config.Digest, err)
+		return fmt.Errorf("%s (%s): %w", checkpoint.ManifestFile, man.Config.Digest, err)
 	}
 	if err := matchLayers(man.Layers, m); err != nil {
 		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
@@ -127,7 +127,7 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 		return err
 	}
 	defer root.Close()
-	if err := writeFile(root, oci.ManifestFile, config); err != nil {
+	if err := writeFile(root, checkpoint.ManifestFile, config); err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -144,17 +144,17 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	got, err := oci.ReadManifest(dir)
+	got, err := checkpoint.ReadManifest(dir)
 	if err != nil {
 		return err
 	}
-	if err := oci.Verify(dir, got); err != nil {
+	if err := checkpoint.Verify(dir, got); err != nil {
 		return err
 	}
 	// Record the verification (<parent>/.verified/<name>.json), so that a shim restoring from
 	// dir need not read every file again while they stay unchanged. Best effort: without the
 	// stamp the shim verifies in full.
-	_ = oci.WriteStamp(dir, got)
+	_ = checkpoint.WriteStamp(dir, got)
 	return nil
 }
 
@@ -170,7 +170,7 @@ func checkLayers(layers []ocispec.Descriptor, lim archive.Limits) error {
 		if l.MediaType != FileMediaType || !ok {
 			return fmt.Errorf("%w: layers[%d] %s: media type %q, title %q", ErrNotCheckpoint, i, l.Digest, l.MediaType, title)
 		}
-		if !oci.ValidFilePath(title) {
+		if !checkpoint.ValidFilePath(title) {
 			return fmt.Errorf("layers[%d] %q: %w: not a clean relative path inside the checkpoint", i, title, archive.ErrUnsafePath)
 		}
 		if seen[title] {
@@ -189,7 +189,7 @@ func checkLayers(layers []ocispec.Descriptor, lim archive.Limits) error {
 }
 
 // matchLayers checks that layers are exactly m's files, in order.
-func matchLayers(layers []ocispec.Descriptor, m *oci.Manifest) error {
+func matchLayers(layers []ocispec.Descriptor, m *checkpoint.Manifest) error {
 	if len(layers) != len(m.Files) {
 		return fmt.Errorf("%w: %d layers, %d files", ErrLayerMismatch, len(layers), len(m.Files))
 	}
@@ -260,14 +260,14 @@ func pullFile(ctx context.Context, t *target, root *os.Root, desc ocispec.Descri
 	return digestErr(vr.Verify())
 }
 
-// digestErr adds oci.ErrDigestMismatch to oras-go's digest and size verification errors, so a
+// digestErr adds checkpoint.ErrDigestMismatch to oras-go's digest and size verification errors, so a
 // caller needs one sentinel for "the bytes are not what the digests say".
 func digestErr(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, content.ErrMismatchedDigest) || errors.Is(err, content.ErrTrailingData) {
-		return fmt.Errorf("%w: %w", oci.ErrDigestMismatch, err)
+		return fmt.Errorf("%w: %w", checkpoint.ErrDigestMismatch, err)
 	}
 	return err
 }

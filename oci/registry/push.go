@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	orasreg "oras.land/oras-go/v2/registry"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // Push uploads the checkpoint at src to the registry as ref ("host[:port]/repository:tag") and
@@ -27,17 +27,17 @@ import (
 // at its top) or a checkpoint archive file (a tar as oci/archive writes it, optionally
 // gzip-compressed), which is extracted safely into Options.TempDir first and removed afterwards.
 // A CRI checkpoint archive (the kubelet's checkpoint API, `crictl checkpoint --export`), whose
-// only berth.json is checkpoint/berth.json, is signed while extracted (oci.SignCRICheckpoint):
+// only berth.json is checkpoint/berth.json, is signed while extracted (checkpoint.SignCRICheckpoint):
 // the CRIU images are verified against it and a top-level berth.json covering every file is
 // written, so the pulled checkpoint is verified whole.
 //
-// The checkpoint is verified against its berth.json (oci.Verify) before anything is uploaded;
+// The checkpoint is verified against its berth.json (checkpoint.Verify) before anything is uploaded;
 // blobs the registry already has are not uploaded again, so pushing again after a failure only
 // sends what is missing. The tag is written last: a reader never sees a partial checkpoint under
 // it. Up to Options.Concurrency blobs are uploaded at once.
 //
 // Errors (wrapped, naming the reference and the registry): ErrNoTag for a reference without a
-// tag; ErrUnauthorized when the registry wants credentials or refuses them; oci.ReadManifest's and oci.Verify's errors for a checkpoint that is not intact;
+// tag; ErrUnauthorized when the registry wants credentials or refuses them; checkpoint.ReadManifest's and checkpoint.Verify's errors for a checkpoint that is not intact;
 // archive.Extract's for a bad archive; the registry's errors (oras-go's errcode.ErrorResponse,
 // for example 401 for wrong credentials) and network errors, naming the file being uploaded;
 // ctx's error when cancelled.
@@ -72,15 +72,15 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	}
 	defer cleanup()
 
-	config, err := oci.ReadManifestBytes(dir)
+	config, err := checkpoint.ReadManifestBytes(dir)
 	if err != nil {
 		return Descriptor{}, err
 	}
-	m, err := oci.ParseManifest(config)
+	m, err := checkpoint.ParseManifest(config)
 	if err != nil {
-		return Descriptor{}, fmt.Errorf("%s: %w", filepath.Join(dir, oci.ManifestFile), err)
+		return Descriptor{}, fmt.Errorf("%s: %w", filepath.Join(dir, checkpoint.ManifestFile), err)
 	}
-	if err := oci.Verify(dir, m); err != nil {
+	if err := checkpoint.Verify(dir, m); err != nil {
 		return Descriptor{}, fmt.Errorf("checkpoint %s is not intact: %w", src, err)
 	}
 
@@ -120,7 +120,7 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 		g.Go(func() error {
 			name := b.path
 			if name == "" {
-				name = oci.ManifestFile
+				name = checkpoint.ManifestFile
 			}
 			if err := pushBlob(gctx, t, root, b.desc, b.path, config, pr); err != nil {
 				return fmt.Errorf("upload %s (%s, %d bytes): %w", name, b.desc.Digest, b.desc.Size, shortURL(err))
@@ -169,7 +169,7 @@ func pushBlob(ctx context.Context, t *target, root *os.Root, desc ocispec.Descri
 
 // artifactManifest is the OCI manifest of a checkpoint whose berth manifest is m, encoded as
 // config (see the package documentation).
-func artifactManifest(m *oci.Manifest, config []byte) ocispec.Manifest {
+func artifactManifest(m *checkpoint.Manifest, config []byte) ocispec.Manifest {
 	layers := make([]ocispec.Descriptor, len(m.Files))
 	for i, f := range m.Files {
 		layers[i] = ocispec.Descriptor{
@@ -220,14 +220,14 @@ func checkpointDir(src string, opts Options) (dir string, cleanup func(), err er
 		return "", nil, err
 	}
 	if info.IsDir() {
-		if oci.IsCRICheckpoint(src) {
+		if checkpoint.IsCRICheckpoint(src) {
 			return "", nil, fmt.Errorf("%s is a CRI checkpoint directory without a top-level %s: push the archive (crictl checkpoint --export, the kubelet's checkpoint API) and it is signed while extracted: %w",
-				src, oci.ManifestFile, oci.ErrNotCRICheckpoint)
+				src, checkpoint.ManifestFile, checkpoint.ErrNotCRICheckpoint)
 		}
 		return src, func() {}, nil
 	}
 	if !info.Mode().IsRegular() {
-		return "", nil, fmt.Errorf("%s: %w", src, oci.ErrUnsupportedFile)
+		return "", nil, fmt.Errorf("%s: %w", src, checkpoint.ErrUnsupportedFile)
 	}
 	f, err := os.Open(src)
 	if err != nil {
@@ -255,10 +255,10 @@ func checkpointDir(src string, opts Options) (dir string, cleanup func(), err er
 		cleanup()
 		return "", nil, fmt.Errorf("archive %s: %w", src, err)
 	}
-	if oci.IsCRICheckpoint(dir) {
+	if checkpoint.IsCRICheckpoint(dir) {
 		// A CRI archive: only checkpoint/berth.json (the CRIU images) is signed; sign the whole
 		// extracted archive so that a pull verifies every file.
-		if _, err := oci.SignCRICheckpoint(dir); err != nil {
+		if _, err := checkpoint.SignCRICheckpoint(dir); err != nil {
 			cleanup()
 			return "", nil, fmt.Errorf("CRI checkpoint archive %s: %w", src, err)
 		}

@@ -23,8 +23,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/registry/remote"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -67,13 +67,13 @@ func makeCheckpoint(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	m := &oci.Manifest{
+	m := &checkpoint.Manifest{
 		Created: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC),
-		Container: oci.ContainerInfo{ID: "infer", Namespace: "k8s.io", Image: "example.com/infer:v1",
+		Container: checkpoint.ContainerInfo{ID: "infer", Namespace: "k8s.io", Image: "example.com/infer:v1",
 			ImageDigest: "sha256:" + strings.Repeat("ab", 32)},
 		Fingerprint: fingerprint.Fingerprint{Arch: "amd64", Kernel: "6.1.0-test"},
 	}
-	if err := oci.WriteManifest(dir, m); err != nil {
+	if err := checkpoint.WriteManifest(dir, m); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -82,22 +82,22 @@ func makeCheckpoint(t *testing.T) string {
 // sameCheckpoint fails unless got has the same berth.json bytes and files as want.
 func sameCheckpoint(t *testing.T, want, got string) {
 	t.Helper()
-	wantManifest, err := os.ReadFile(filepath.Join(want, oci.ManifestFile))
+	wantManifest, err := os.ReadFile(filepath.Join(want, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotManifest, err := os.ReadFile(filepath.Join(got, oci.ManifestFile))
+	gotManifest, err := os.ReadFile(filepath.Join(got, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(wantManifest, gotManifest) {
 		t.Fatalf("berth.json differs after the round trip")
 	}
-	wantFiles, _, err := oci.DigestDir(want)
+	wantFiles, _, err := checkpoint.DigestDir(want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotFiles, _, err := oci.DigestDir(got)
+	gotFiles, _, err := checkpoint.DigestDir(got)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestPushPullRoundTrip(t *testing.T) {
 	r := startRegistry(t, "")
 	ctx := testContext(t)
 	src := makeCheckpoint(t)
-	m, err := oci.ReadManifest(src)
+	m, err := checkpoint.ReadManifest(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestPushPullRoundTrip(t *testing.T) {
 	if desc.MediaType != ocispec.MediaTypeImageManifest || desc.ArtifactType != ArtifactType {
 		t.Fatalf("pushed descriptor %+v", desc)
 	}
-	berthJSON, _ := os.ReadFile(filepath.Join(src, oci.ManifestFile))
+	berthJSON, _ := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
 	// config + distinct file contents (core-1 and core-2 share one)
 	if want := int64(len(berthJSON)) + m.ImageSize - 4; pushed.total != want {
 		t.Errorf("push progress total %d bytes, want %d", pushed.total, want)
@@ -371,11 +371,11 @@ func TestPullTamperedBlob(t *testing.T) {
 	r := startRegistry(t, "")
 	ctx := testContext(t)
 	src := makeCheckpoint(t)
-	m, err := oci.ReadManifest(src)
+	m, err := checkpoint.ReadManifest(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	berthJSON, _ := os.ReadFile(filepath.Join(src, oci.ManifestFile))
+	berthJSON, _ := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
 	var pages string
 	for _, f := range m.Files {
 		if f.Path == "checkpoint/pages-2.img" {
@@ -406,8 +406,8 @@ func TestPullTamperedBlob(t *testing.T) {
 
 			dst := filepath.Join(t.TempDir(), "pulled")
 			err = Pull(ctx, ref, dst, Options{PlainHTTP: true})
-			if !errors.Is(err, oci.ErrDigestMismatch) {
-				t.Fatalf("pull of a tampered blob: %v, want oci.ErrDigestMismatch", err)
+			if !errors.Is(err, checkpoint.ErrDigestMismatch) {
+				t.Fatalf("pull of a tampered blob: %v, want checkpoint.ErrDigestMismatch", err)
 			}
 			t.Logf("pull: %v", err)
 			noDir(t, dst)
@@ -450,13 +450,13 @@ func TestPullRefusesBeforeWriting(t *testing.T) {
 
 	evil := []byte("evil")
 	// A berth.json that lists "evil" (a valid path), so only the layer title is wrong.
-	bm := &oci.Manifest{Version: oci.ManifestVersion, ImageSize: int64(len(evil)),
-		Files: []oci.File{{Path: "evil", Size: int64(len(evil)), Digest: digest.FromBytes(evil).String()}}}
+	bm := &checkpoint.Manifest{Version: checkpoint.ManifestVersion, ImageSize: int64(len(evil)),
+		Files: []checkpoint.File{{Path: "evil", Size: int64(len(evil)), Digest: digest.FromBytes(evil).String()}}}
 	config, err := json.Marshal(bm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := oci.ParseManifest(config); err != nil {
+	if _, err := checkpoint.ParseManifest(config); err != nil {
 		t.Fatal(err)
 	}
 	layer := func(title string) ocispec.Descriptor {
@@ -482,7 +482,7 @@ func TestPullRefusesBeforeWriting(t *testing.T) {
 		{"dotdot title", manifest(layer("../evil")), archive.Limits{}, archive.ErrUnsafePath},
 		{"nested dotdot title", manifest(layer("checkpoint/../../evil")), archive.Limits{}, archive.ErrUnsafePath},
 		{"absolute title", manifest(layer("/tmp/evil")), archive.Limits{}, archive.ErrUnsafePath},
-		{"berth.json title", manifest(layer(oci.ManifestFile)), archive.Limits{}, archive.ErrUnsafePath},
+		{"berth.json title", manifest(layer(checkpoint.ManifestFile)), archive.Limits{}, archive.ErrUnsafePath},
 		{"duplicate title", manifest(layer("evil"), layer("evil")), archive.Limits{}, archive.ErrDuplicateEntry},
 		{"layer not in berth.json", manifest(layer("other")), archive.Limits{}, ErrLayerMismatch},
 		{"foreign artifact", foreign, archive.Limits{}, ErrNotCheckpoint},

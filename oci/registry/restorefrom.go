@@ -7,7 +7,7 @@ import (
 
 	orasreg "oras.land/oras-go/v2/registry"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // RestoreFromScheme prefixes a registry reference in the berth.dev/restore-from annotation:
@@ -17,7 +17,7 @@ import (
 //
 // HOST[:PORT] is the registry exactly as the shim config's allowed_registries lists it. A tag or
 // a digest is required (there is no implicit "latest"). Any other value is a checkpoint path
-// under the shim's checkpoint root (oci.ResolveRestoreFrom); values with another "scheme://" are
+// under the shim's checkpoint root (checkpoint.ResolveRestoreFrom); values with another "scheme://" are
 // refused rather than taken as paths.
 const RestoreFromScheme = "oci://"
 
@@ -56,42 +56,42 @@ func (r RestoreFrom) String() string {
 }
 
 // ParseRestoreFrom parses a berth.dev/restore-from value (see RestoreFromScheme). A value
-// without a scheme is returned as Path, unchecked: oci.ResolveRestoreFrom checks paths against
+// without a scheme is returned as Path, unchecked: checkpoint.ResolveRestoreFrom checks paths against
 // the checkpoint root.
 //
-// Errors wrap oci.ErrInvalidRef and quote the value: empty, a NUL byte or other control
+// Errors wrap checkpoint.ErrInvalidRef and quote the value: empty, a NUL byte or other control
 // character or whitespace in a reference, another scheme, a reference that does not parse
 // (OCI distribution grammar: lowercase repository, tag of at most 128 characters, sha256 digest)
 // or that has neither tag nor digest.
 func ParseRestoreFrom(v string) (RestoreFrom, error) {
 	if v == "" {
-		return RestoreFrom{}, fmt.Errorf("%w: empty", oci.ErrInvalidRef)
+		return RestoreFrom{}, fmt.Errorf("%w: empty", checkpoint.ErrInvalidRef)
 	}
 	rest, ok := strings.CutPrefix(v, RestoreFromScheme)
 	if !ok {
 		if scheme, _, found := strings.Cut(v, "://"); found && !strings.Contains(scheme, "/") {
 			return RestoreFrom{}, fmt.Errorf("%w: %q: scheme %q is not supported (a registry reference is %sHOST[:PORT]/REPOSITORY:TAG; anything else is a path under the checkpoint root)",
-				oci.ErrInvalidRef, v, scheme+"://", RestoreFromScheme)
+				checkpoint.ErrInvalidRef, v, scheme+"://", RestoreFromScheme)
 		}
 		return RestoreFrom{Path: v}, nil
 	}
 	for _, c := range rest {
 		if c <= ' ' || c == 0x7f {
-			return RestoreFrom{}, fmt.Errorf("%w: %q: control character or space in a registry reference", oci.ErrInvalidRef, v)
+			return RestoreFrom{}, fmt.Errorf("%w: %q: control character or space in a registry reference", checkpoint.ErrInvalidRef, v)
 		}
 	}
 	r, err := orasreg.ParseReference(rest)
 	if err != nil {
-		return RestoreFrom{}, fmt.Errorf("%w: %q: %w", oci.ErrInvalidRef, v, err)
+		return RestoreFrom{}, fmt.Errorf("%w: %q: %w", checkpoint.ErrInvalidRef, v, err)
 	}
 	if r.Registry == "" || r.Repository == "" || r.Reference == "" {
 		return RestoreFrom{}, fmt.Errorf("%w: %q: want %sHOST[:PORT]/REPOSITORY:TAG or ...@sha256:HEX (a tag or digest is required)",
-			oci.ErrInvalidRef, v, RestoreFromScheme)
+			checkpoint.ErrInvalidRef, v, RestoreFromScheme)
 	}
 	out := RestoreFrom{Registry: r.Registry, Repository: r.Repository}
 	if d, err := r.Digest(); err == nil {
 		if d.Algorithm() != "sha256" {
-			return RestoreFrom{}, fmt.Errorf("%w: %q: digest algorithm %q (want sha256)", oci.ErrInvalidRef, v, d.Algorithm())
+			return RestoreFrom{}, fmt.Errorf("%w: %q: digest algorithm %q (want sha256)", checkpoint.ErrInvalidRef, v, d.Algorithm())
 		}
 		out.Digest = d.String()
 	} else {

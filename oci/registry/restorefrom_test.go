@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -60,7 +60,7 @@ func TestParseRestoreFrom(t *testing.T) {
 	}
 	for _, tt := range bad {
 		got, err := ParseRestoreFrom(tt.in)
-		if err == nil || !errors.Is(err, oci.ErrInvalidRef) || !strings.Contains(err.Error(), tt.want) {
+		if err == nil || !errors.Is(err, checkpoint.ErrInvalidRef) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseRestoreFrom(%q) = %+v, %v; want ErrInvalidRef containing %q", tt.in, got, err, tt.want)
 		}
 	}
@@ -94,7 +94,7 @@ func FuzzParseRestoreFrom(f *testing.F) {
 	f.Fuzz(func(t *testing.T, v string) {
 		r, err := ParseRestoreFrom(v)
 		if err != nil {
-			if !errors.Is(err, oci.ErrInvalidRef) {
+			if !errors.Is(err, checkpoint.ErrInvalidRef) {
 				t.Fatalf("ParseRestoreFrom(%q): error %v is not ErrInvalidRef", v, err)
 			}
 			return
@@ -112,7 +112,7 @@ func FuzzParseRestoreFrom(f *testing.F) {
 		if r.Path != v || strings.HasPrefix(v, RestoreFromScheme) {
 			t.Fatalf("ParseRestoreFrom(%q) = path %q", v, r.Path)
 		}
-		p, err := oci.ResolveRestoreFrom(root, r.Path)
+		p, err := checkpoint.ResolveRestoreFrom(root, r.Path)
 		if err != nil {
 			return
 		}

@@ -18,8 +18,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
 )
 
@@ -35,8 +35,8 @@ const (
 	DefaultMaxConns = 4
 
 	// maxHeaderBytes bounds the header line, in bytes: a base64 manifest of up to
-	// oci.MaxManifestBytes, and room for the rest.
-	maxHeaderBytes = oci.MaxManifestBytes/3*4 + 8<<10
+	// checkpoint.MaxManifestBytes, and room for the rest.
+	maxHeaderBytes = checkpoint.MaxManifestBytes/3*4 + 8<<10
 	// maxErrorText bounds the error text sent back in a verdict, in bytes.
 	maxErrorText = 4 << 10
 	// lingerTime is how long a receiver that refused before the end of the stream keeps reading
@@ -131,7 +131,7 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 // Steps: read and check the header (magic, name, manifest, sizes); refuse a name that exists
 // under Root or is being received; extract the stream (archive.Extract, with Limits) into a
 // staging directory Root/.incoming-<name>-<random>; check that exactly the announced bytes came
-// and that the berth.json received is the header's; verify every file (oci.Verify); fsync
+// and that the berth.json received is the header's; verify every file (checkpoint.Verify); fsync
 // (unless NoSync); rename the staging directory to Root/<name> without replacing anything;
 // fsync Root. On any failure the staging directory is removed, so nothing half-received
 // remains, and the sender is told why.
@@ -139,9 +139,9 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 // conn belongs to the caller, who closes it; Handle closes it only to abort when ctx is done.
 // A sender that stalls for IdleTimeout fails the transfer.
 //
-// Errors: ErrProtocol, ErrInvalidName, ErrExists, oci.ErrUnsupportedVersion,
-// oci.ErrInvalidManifest, archive's Err* refusals, oci's verification sentinels
-// (oci.ErrDigestMismatch...), conn's I/O errors (a cut connection: io.ErrUnexpectedEOF or a
+// Errors: ErrProtocol, ErrInvalidName, ErrExists, checkpoint.ErrUnsupportedVersion,
+// checkpoint.ErrInvalidManifest, archive's Err* refusals, oci's verification sentinels
+// (checkpoint.ErrDigestMismatch...), conn's I/O errors (a cut connection: io.ErrUnexpectedEOF or a
 // reset), ctx.Err(), file-system errors under Root; wrapped with the name when known. When the
 // checkpoint was stored but the verdict could not be sent, Handle returns the path and that
 // error.
@@ -201,7 +201,7 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	if err := ValidName(name); err != nil {
 		return "", false, err
 	}
-	m, err := oci.ParseManifest(hdr.Manifest)
+	m, err := checkpoint.ParseManifest(hdr.Manifest)
 	if err != nil {
 		return "", false, fmt.Errorf("receive %s: header manifest: %w", name, err)
 	}
@@ -259,7 +259,7 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	}
 	drained = true
 
-	got, err := oci.ReadManifestBytes(staging)
+	got, err := checkpoint.ReadManifestBytes(staging)
 	if err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
@@ -267,7 +267,7 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 		return "", drained, fmt.Errorf("receive %s: %w: the berth.json in the stream differs from the header's", name, ErrProtocol)
 	}
 	// digests were computed while extracting: no second read of the files
-	if err := oci.VerifyDigests(staging, m, digests); err != nil {
+	if err := checkpoint.VerifyDigests(staging, m, digests); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if !r.NoSync {
@@ -288,7 +288,7 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	}
 	// record the verification so the shim's restore need not read the files again; without
 	// the stamp it verifies in full, so a failure here costs time, not safety
-	_ = oci.WriteStamp(final, m)
+	_ = checkpoint.WriteStamp(final, m)
 	return final, drained, nil
 }
 

@@ -12,8 +12,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 const (
@@ -45,7 +45,7 @@ type Result struct {
 }
 
 // Send sends the checkpoint directory dir to the receiver at the other end of conn, under name,
-// and waits for the receiver's verdict. dir must hold a berth.json (oci.WriteManifest); Send
+// and waits for the receiver's verdict. dir must hold a berth.json (checkpoint.WriteManifest); Send
 // checks that it parses but does not verify the files (the receiver does, and says so).
 //
 // progress, if not nil, is called from Send's goroutine as progress(sent, total): total is the
@@ -57,7 +57,7 @@ type Result struct {
 // (cancel or deadline), which also bounds the wait for the verdict. Send sets deadlines on conn
 // for its own use; conn is spent afterwards.
 //
-// Errors: ErrInvalidName for a bad name (nothing is sent); oci.ReadManifest's and archive.New's
+// Errors: ErrInvalidName for a bad name (nothing is sent); checkpoint.ReadManifest's and archive.New's
 // errors for a bad dir (nothing is sent); ErrRejected, wrapped with the receiver's error text,
 // when the receiver refuses the checkpoint (also when it refuses before the stream is out);
 // ErrProtocol for a malformed verdict; ctx.Err() (wrapped) when ctx ended the transfer; conn's
@@ -66,11 +66,11 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 	if err := ValidName(name); err != nil {
 		return Result{}, fmt.Errorf("send: %w", err)
 	}
-	raw, err := oci.ReadManifestBytes(dir)
+	raw, err := checkpoint.ReadManifestBytes(dir)
 	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
-	if _, err := oci.ParseManifest(raw); err != nil {
+	if _, err := checkpoint.ParseManifest(raw); err != nil {
 		return Result{}, fmt.Errorf("send %s: %s: %w", name, dir, err)
 	}
 	ar, err := archive.New(dir)

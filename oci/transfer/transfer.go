@@ -15,7 +15,7 @@
 //
 // The receiver only ever writes verified checkpoints: it extracts into a staging directory,
 // checks the berth.json it received against the header's and every file against the manifest
-// (oci.Verify), and only then renames the staging directory into place. It never restores
+// (checkpoint.Verify), and only then renames the staging directory into place. It never restores
 // anything.
 //
 // There is no authentication and no encryption: the protocol trusts the network. Run it over a

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // makeCheckpoint writes a checkpoint of about size bytes (a few CRIU-like files) under dir and
@@ -48,7 +48,7 @@ func makeCheckpoint(t testing.TB, dir string, size int) {
 			t.Fatal(err)
 		}
 	}
-	if err := oci.WriteManifest(dir, &oci.Manifest{Container: oci.ContainerInfo{ID: "c1"}}); err != nil {
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -113,8 +113,8 @@ func assertRootClean(t testing.TB, root string, keep ...string) {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if e.Name() == oci.StampDir { // stamps of received checkpoints: checked below
-			stamps, _ := os.ReadDir(filepath.Join(root, oci.StampDir))
+		if e.Name() == checkpoint.StampDir { // stamps of received checkpoints: checked below
+			stamps, _ := os.ReadDir(filepath.Join(root, checkpoint.StampDir))
 			for _, st := range stamps {
 				if !contains(keep, strings.TrimSuffix(st.Name(), ".json")) {
 					t.Errorf("stamp left for a checkpoint that is not there: %s", st.Name())
@@ -139,19 +139,19 @@ func contains(list []string, s string) bool {
 
 func sameTree(t testing.TB, a, b string) {
 	t.Helper()
-	fa, _, err := oci.DigestDir(a)
+	fa, _, err := checkpoint.DigestDir(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fb, _, err := oci.DigestDir(b)
+	fb, _, err := checkpoint.DigestDir(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(fa) != fmt.Sprint(fb) {
 		t.Errorf("trees differ:\n%v\n%v", fa, fb)
 	}
-	ma, _ := os.ReadFile(filepath.Join(a, oci.ManifestFile))
-	mb, _ := os.ReadFile(filepath.Join(b, oci.ManifestFile))
+	ma, _ := os.ReadFile(filepath.Join(a, checkpoint.ManifestFile))
+	mb, _ := os.ReadFile(filepath.Join(b, checkpoint.ManifestFile))
 	if !bytes.Equal(ma, mb) {
 		t.Error("berth.json differs")
 	}
@@ -183,11 +183,11 @@ func TestRoundTripTCP(t *testing.T) {
 		t.Errorf("result %+v, want %d bytes", res, a.Size())
 	}
 	sameTree(t, src, want)
-	m, err := oci.ReadManifest(want)
+	m, err := checkpoint.ReadManifest(want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := oci.Verify(want, m); err != nil {
+	if err := checkpoint.Verify(want, m); err != nil {
 		t.Error(err)
 	}
 	for _, p := range []string{root, want} {
@@ -304,8 +304,8 @@ func TestTamperedFileRejected(t *testing.T) {
 		}
 	}
 	o := wait(t, out)
-	if !errors.Is(o.err, oci.ErrDigestMismatch) {
-		t.Errorf("receiver: %v, want oci.ErrDigestMismatch", o.err)
+	if !errors.Is(o.err, checkpoint.ErrDigestMismatch) {
+		t.Errorf("receiver: %v, want checkpoint.ErrDigestMismatch", o.err)
 	}
 	assertRootClean(t, root)
 }
@@ -420,8 +420,8 @@ func TestHeaderErrors(t *testing.T) {
 		wantErr error
 	}{
 		{"magic", header{Magic: "berth-transfer/9", Name: "x", TotalBytes: 2048, Manifest: manifest}, archive.Limits{}, ErrProtocol},
-		{"manifest version", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`{"version":2}`)}, archive.Limits{}, oci.ErrUnsupportedVersion},
-		{"manifest garbage", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`nope`)}, archive.Limits{}, oci.ErrInvalidManifest},
+		{"manifest version", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`{"version":2}`)}, archive.Limits{}, checkpoint.ErrUnsupportedVersion},
+		{"manifest garbage", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`nope`)}, archive.Limits{}, checkpoint.ErrInvalidManifest},
 		{"total below content", header{Magic: Magic, Name: "x", TotalBytes: 5, Manifest: manifest}, archive.Limits{}, ErrProtocol},
 		{"over limit", header{Magic: Magic, Name: "x", TotalBytes: 4096, Manifest: manifest}, archive.Limits{MaxTotalBytes: 10}, archive.ErrTotalTooLarge},
 		{"size near int64 max", header{Magic: Magic, Name: "x", TotalBytes: 4096, Manifest: []byte(`{"version":1,"imageSize":9223372036854775807,"files":[{"path":"a","size":9223372036854775807,"digest":"sha256:` + strings.Repeat("0", 64) + `"}]}`)}, archive.Limits{}, archive.ErrTotalTooLarge},
@@ -460,7 +460,7 @@ func TestHeaderErrors(t *testing.T) {
 func TestManifestMismatchRejected(t *testing.T) {
 	src := t.TempDir()
 	makeCheckpoint(t, src, 64<<10)
-	raw, err := os.ReadFile(filepath.Join(src, oci.ManifestFile))
+	raw, err := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,7 +522,7 @@ func TestReceiverIdleTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := os.ReadFile(filepath.Join(src, oci.ManifestFile))
+	raw, _ := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
 	root := t.TempDir()
 	addr, out := startReceiver(t, &Receiver{Root: root, IdleTimeout: 200 * time.Millisecond})
 	conn := dial(t, addr)

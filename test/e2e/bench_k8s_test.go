@@ -17,6 +17,7 @@ import (
 	"time"
 
 	berthoci "github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 )
@@ -314,8 +315,8 @@ func benchK8sCRI(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wo
 	pulled := filepath.Join(dst.CheckpointRoot, ".oci", strings.Replace(s.pushedDigest, ":", "-", 1))
 	removePulled := func() {
 		os.RemoveAll(pulled)
-		_ = berthoci.RemoveStamp(pulled)
-		os.Remove(filepath.Join(dst.CheckpointRoot, ".oci", berthoci.StampDir)) // only when empty
+		_ = checkpoint.RemoveStamp(pulled)
+		os.Remove(filepath.Join(dst.CheckpointRoot, ".oci", checkpoint.StampDir)) // only when empty
 		os.Remove(filepath.Join(dst.CheckpointRoot, ".oci"))
 	}
 	if _, err := os.Stat(pulled); err == nil {
@@ -328,7 +329,7 @@ func benchK8sCRI(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wo
 	// node2, variant 2: berthctl pull into the checkpoint root, then restore-from that path
 	name := fmt.Sprintf("bk8s-pulled-%d", mib)
 	local := filepath.Join(dst.CheckpointRoot, name)
-	b.Cleanup(func() { os.RemoveAll(local); _ = berthoci.RemoveStamp(local) })
+	b.Cleanup(func() { os.RemoveAll(local); _ = checkpoint.RemoveStamp(local) })
 	s.local = benchK8sRestore(ctx, b, dst, dir, fmt.Sprintf("bk8s-local-%d", mib), mib, name, func(r *k8sRestore) {
 		var out []byte
 		r.pull = timed(b, "berthctl pull", func() error {
@@ -342,7 +343,7 @@ func benchK8sCRI(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wo
 		r.pullSummary = lastLine(string(out))
 	})
 	os.RemoveAll(local)
-	_ = berthoci.RemoveStamp(local)
+	_ = checkpoint.RemoveStamp(local)
 	reg.Stop()
 	os.RemoveAll(reg.Dir)
 	_ = restoreCfg()
@@ -394,8 +395,8 @@ func benchK8sDirect(ctx context.Context, b *testing.B, c *node.Cluster, mib int,
 		_ = dst.Remove(bg, destID)
 		_ = src.Remove(bg, id)
 		os.RemoveAll(ckpt)
-		_ = berthoci.RemoveStamp(ckpt)
-		os.Remove(filepath.Join(dst.CheckpointRoot, berthoci.StampDir)) // only when empty
+		_ = checkpoint.RemoveStamp(ckpt)
+		os.Remove(filepath.Join(dst.CheckpointRoot, checkpoint.StampDir)) // only when empty
 		os.Remove(filepath.Join(dst.Dir, destID+".log"))
 		os.Remove(filepath.Join(src.Dir, id+".log"))
 	}
@@ -418,7 +419,7 @@ func archivePhase(archive, name string) time.Duration {
 	}
 	defer f.Close()
 	tr := tar.NewReader(f)
-	want := berthoci.ImagesDir + "/" + berthoci.ManifestFile
+	want := checkpoint.ImagesDir + "/" + checkpoint.ManifestFile
 	for {
 		h, err := tr.Next()
 		if err != nil {
@@ -427,7 +428,7 @@ func archivePhase(archive, name string) time.Duration {
 		if strings.TrimPrefix(h.Name, "./") != want {
 			continue
 		}
-		var m berthoci.Manifest
+		var m checkpoint.Manifest
 		if err := json.NewDecoder(io.LimitReader(tr, 16<<20)).Decode(&m); err != nil {
 			return 0
 		}

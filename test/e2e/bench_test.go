@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/criu"
-	berthoci "github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -85,9 +85,9 @@ type sample struct {
 	// raw CRIU on one node: `ctr tasks checkpoint --image-path` and a restore of that directory.
 	rawDump, rawRestore time.Duration
 	rawBytes            int64
-	rawStats            berthoci.CRIUStats
+	rawStats            checkpoint.CRIUStats
 	rawRestoreStats     criu.RestoreStats
-	// digestPass is one oci.DigestDir over the raw dump (page cache hot); copySync is a copy of
+	// digestPass is one checkpoint.DigestDir over the raw dump (page cache hot); copySync is a copy of
 	// it with fsync: what one sha256 pass and one durable write of the image cost on this machine.
 	digestPass, copySync time.Duration
 	// berth: berthctl migrate's wall time, its printed phases (checkpoint/* are the manifest's,
@@ -374,7 +374,7 @@ func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib, round int, w
 
 	// What one sha256 pass and one durable copy of this image cost here (to attribute berth's phases).
 	t = time.Now()
-	if _, _, err := berthoci.DigestDir(images); err != nil {
+	if _, _, err := checkpoint.DigestDir(images); err != nil {
 		b.Fatal(err)
 	}
 	r.digestPass = time.Since(t)
@@ -581,7 +581,7 @@ func printMigrateTable(w io.Writer, rs []migrateResult) {
 		fmt.Fprintf(w, "  raw:   dump %s, restore %s (last round: CRIU dump frozen %.0f, memdump %.0f, memwrite %.0f; CRIU restore %.0f; %d MiB of images)\n",
 			ms(rawDump(r)), ms(rawRestore(r)), float64(st.FrozenTimeUs)/1000, float64(st.MemdumpTimeUs)/1000,
 			float64(st.MemwriteTimeUs)/1000, float64(last.rawRestoreStats.RestoreTimeUs)/1000, last.rawBytes>>20)
-		fmt.Fprintf(w, "  this machine, on that image: one sha256 pass (oci.DigestDir, cache hot) %s, one copy with fsync %s\n",
+		fmt.Fprintf(w, "  this machine, on that image: one sha256 pass (checkpoint.DigestDir, cache hot) %s, one copy with fsync %s\n",
 			ms(r.med(func(s sample) time.Duration { return s.digestPass })), ms(r.med(func(s sample) time.Duration { return s.copySync })))
 		fmt.Fprintf(w, "  berth: %s\n", last.berthSummary)
 		bp := r.medPhases(func(s sample) []phase { return s.berthPhases })

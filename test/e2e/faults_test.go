@@ -45,10 +45,11 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/proto"
 
-	berthoci "github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/transfer"
-	"github.com/berth-dev/berth/shim/move"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -145,7 +146,7 @@ type fltRef struct {
 
 // TestFltRestoreFaults restores checkpoints that must be refused, through `berthctl restore`
 // and through a plain containerd client that creates a container with runtime
-// io.containerd.berth.v2 and the berth.dev/restore-from annotation (as shim/move.Restore does,
+// io.containerd.berth.v2 and the berth.dev/restore-from annotation (as cmd/berthctl/move.Restore does,
 // without berthctl's own checks): missing checkpoints and files, truncated, tampered or extra
 // files, damaged archives, a foreign fingerprint (berth.json edited, its digests untouched), a
 // foreign image, and references that leave the checkpoint root (absolute, "..", symlink). Each
@@ -229,11 +230,11 @@ func TestFltRestoreFaults(t *testing.T) {
 			prep: func(t *testing.T) fltRef {
 				// the shim's own berth.json beside the CRIU images is covered by the outer digests
 				dir := copyIn(t, "flt-r-tampered-inner")
-				p := filepath.Join(dir, berthoci.ImagesDir, berthoci.ManifestFile)
+				p := filepath.Join(dir, checkpoint.ImagesDir, checkpoint.ManifestFile)
 				fltFlipByte(t, p, fltFileSize(t, p)/2)
-				return fltRef{ref: "flt-r-tampered-inner", dir: dir, damaged: berthoci.ImagesDir + "/" + berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-tampered-inner", dir: dir, damaged: checkpoint.ImagesDir + "/" + checkpoint.ManifestFile}
 			},
-			want: []string{berthoci.ImagesDir + "/" + berthoci.ManifestFile + ": digest mismatch"},
+			want: []string{checkpoint.ImagesDir + "/" + checkpoint.ManifestFile + ": digest mismatch"},
 		},
 		{
 			name:  "extra-file",
@@ -251,7 +252,7 @@ func TestFltRestoreFaults(t *testing.T) {
 			prep: func(t *testing.T) fltRef {
 				dir := copyIn(t, "flt-r-fp-kernel")
 				fltEditManifest(t, dir, func(m map[string]any) { fltField(m, "fingerprint")["kernel"] = "0.0.0-other" })
-				return fltRef{ref: "flt-r-fp-kernel", dir: dir, damaged: berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-fp-kernel", dir: dir, damaged: checkpoint.ManifestFile}
 			},
 			want: []string{fmt.Sprintf(`fingerprint mismatch: kernel: checkpoint has "0.0.0-other" but this node has %q`, nodeKernel)},
 		},
@@ -261,7 +262,7 @@ func TestFltRestoreFaults(t *testing.T) {
 			prep: func(t *testing.T) fltRef {
 				dir := copyIn(t, "flt-r-fp-criu")
 				fltEditManifest(t, dir, func(m map[string]any) { fltField(m, "fingerprint")["criu"] = "99.1.0" })
-				return fltRef{ref: "flt-r-fp-criu", dir: dir, damaged: berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-fp-criu", dir: dir, damaged: checkpoint.ManifestFile}
 			},
 			want: []string{`fingerprint mismatch: criu: checkpoint has "99.1.0" but this node has "`, "(node must be at least the checkpoint's)"},
 		},
@@ -275,7 +276,7 @@ func TestFltRestoreFaults(t *testing.T) {
 					flags, _ := cpu["flags"].([]any)
 					cpu["flags"] = append(flags, "flt_no_such_flag")
 				})
-				return fltRef{ref: "flt-r-fp-flags", dir: dir, damaged: berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-fp-flags", dir: dir, damaged: checkpoint.ManifestFile}
 			},
 			want: []string{`fingerprint mismatch: cpu.flags: checkpoint needs "flt_no_such_flag" but this node lacks them`},
 		},
@@ -287,7 +288,7 @@ func TestFltRestoreFaults(t *testing.T) {
 				fltEditManifest(t, dir, func(m map[string]any) {
 					fltField(m, "fingerprint")["gpus"] = []any{map[string]any{"index": 0, "name": "NVIDIA H200", "driver": "570.1", "cuda": "12.8", "memoryBytes": 150 << 30}}
 				})
-				return fltRef{ref: "flt-r-fp-gpus", dir: dir, damaged: berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-fp-gpus", dir: dir, damaged: checkpoint.ManifestFile}
 			},
 			want: []string{`fingerprint mismatch: gpus: checkpoint has "1" but this node has "0"`},
 		},
@@ -300,7 +301,7 @@ func TestFltRestoreFaults(t *testing.T) {
 				fltEditManifest(t, dir, func(m map[string]any) {
 					fltField(m, "container")["imageDigest"] = "sha256:" + strings.Repeat("0", 64)
 				})
-				return fltRef{ref: "flt-r-image", dir: dir, damaged: berthoci.ManifestFile}
+				return fltRef{ref: "flt-r-image", dir: dir, damaged: checkpoint.ManifestFile}
 			},
 			want: []string{`fingerprint mismatch: imageDigest: checkpoint has "sha256:` + strings.Repeat("0", 64) + `" but this node has "sha256:`},
 		},
@@ -467,10 +468,10 @@ func fltRestore(t *testing.T, ctx context.Context, c *node.Cluster, n *node.Node
 		return err
 	}
 	ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshot(id, img),
-		containerd.WithRuntime(move.RuntimeName, nil),
+		containerd.WithRuntime(oci.RuntimeName, nil),
 		containerd.WithNewSpec(ctroci.WithImageConfig(img),
 			ctroci.WithProcessArgs(image.WorkloadBinary, "-listen", "127.0.0.1:8080", "-weights-mib", fmt.Sprint(fltWeightsMiB)),
-			ctroci.WithAnnotations(map[string]string{berthoci.AnnotationRestoreFrom: ref})))
+			ctroci.WithAnnotations(map[string]string{oci.AnnotationRestoreFrom: ref})))
 	if err != nil {
 		return fmt.Errorf("create container %s: %w", id, err)
 	}
@@ -711,9 +712,9 @@ func TestFltMigrateFaults(t *testing.T) {
 						t.Errorf("%s: %v left behind", s.root, left)
 					} else {
 						// what is left is the verified checkpoint, nothing partial
-						m, err := berthoci.ReadManifest(filepath.Join(s.root, name))
+						m, err := checkpoint.ReadManifest(filepath.Join(s.root, name))
 						fltNoErr(t, err)
-						if err := berthoci.Verify(filepath.Join(s.root, name), m); err != nil {
+						if err := checkpoint.Verify(filepath.Join(s.root, name), m); err != nil {
 							t.Errorf("checkpoint left in %s does not verify: %v", s.root, err)
 						}
 						fltKnownBug(t, "%s: %s", s.leftBug, filepath.Join(s.root, name))
@@ -791,7 +792,7 @@ func (w *fltWorkload) requireServing(t *testing.T, ctx context.Context) {
 	}
 }
 
-// fltMakeCheckpoint checkpoints the workload with shim/move (paused while dumped), resumes it,
+// fltMakeCheckpoint checkpoints the workload with cmd/berthctl/move (paused while dumped), resumes it,
 // and sends the checkpoint to a transfer.Receiver writing into dst's checkpoint root as name.
 // It returns the checkpoint's path there, removed when the test ends.
 func fltMakeCheckpoint(t *testing.T, ctx context.Context, w *fltWorkload, dst *node.Node, name string) string {
@@ -840,7 +841,7 @@ func fltCreateTask(t *testing.T, ctx context.Context, n *node.Node, id string, a
 	img, err := cl.GetImage(ctx, image.WorkloadRef)
 	fltNoErr(t, err)
 	ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshot(id, img),
-		containerd.WithRuntime(move.RuntimeName, nil), containerd.WithNewSpec(ctroci.WithImageConfig(img), ctroci.WithProcessArgs(args...)))
+		containerd.WithRuntime(oci.RuntimeName, nil), containerd.WithNewSpec(ctroci.WithImageConfig(img), ctroci.WithProcessArgs(args...)))
 	fltNoErr(t, err)
 	t.Cleanup(func() { _ = n.Remove(context.Background(), id) })
 	if _, err := ctr.NewTask(ctx, cio.NullIO); err != nil {
@@ -849,7 +850,7 @@ func fltCreateTask(t *testing.T, ctx context.Context, n *node.Node, id string, a
 }
 
 // fltCheckpointAPI asks containerd's task service (and so berth's shim) to checkpoint id, as
-// shim/move does, but without move's own status check.
+// cmd/berthctl/move does, but without move's own status check.
 func fltCheckpointAPI(ctx context.Context, n *node.Node, id, dir string) error {
 	cl, err := n.Client()
 	if err != nil {
@@ -1314,7 +1315,7 @@ func fltFlipByte(t *testing.T, p string, off int64) {
 // so its digests still match the files.
 func fltEditManifest(t *testing.T, dir string, edit func(m map[string]any)) {
 	t.Helper()
-	p := filepath.Join(dir, berthoci.ManifestFile)
+	p := filepath.Join(dir, checkpoint.ManifestFile)
 	dec := json.NewDecoder(bytes.NewReader(fltRead(t, p)))
 	dec.UseNumber()
 	var m map[string]any

@@ -35,7 +35,7 @@ import (
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/fake"
 	"github.com/berth-dev/berth/gpu/fake/fakecuda"
-	berthoci "github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -316,7 +316,7 @@ func TestGfltRestoreRefused(t *testing.T) {
 	w.requireTokens(t, ctx, 0, 20)
 	const name = "gflt-r-ck"
 	local := gfltCheckpoint(t, ctx, c, w, name)
-	m, err := berthoci.ReadManifest(local)
+	m, err := checkpoint.ReadManifest(local)
 	fltNoErr(t, err)
 	if m.GPU == nil || len(m.GPU.Devices) != 2 {
 		t.Fatalf("checkpoint of a 2-GPU container: GPU state %+v", m.GPU)
@@ -742,12 +742,12 @@ func gfltRestoreOK(t *testing.T, ctx context.Context, c *node.Cluster, n *node.N
 // files are exactly those of sums.
 func gfltRequireIntact(t *testing.T, dir string, sums map[string]string) {
 	t.Helper()
-	m, err := berthoci.ReadManifest(dir)
+	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
 		t.Errorf("checkpoint %s: %v", dir, err)
 		return
 	}
-	if err := berthoci.Verify(dir, m); err != nil {
+	if err := checkpoint.Verify(dir, m); err != nil {
 		t.Errorf("checkpoint %s does not verify: %v", dir, err)
 	}
 	fltRequireSums(t, dir, sums, "")

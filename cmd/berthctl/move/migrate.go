@@ -11,7 +11,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/log"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // MigrateOptions describe one move of a running container between two containerd nodes.
@@ -40,11 +40,11 @@ type MigrateOptions struct {
 // MigrateResult reports a move.
 type MigrateResult struct {
 	// Manifest is the checkpoint's manifest (fingerprint, CRIU statistics, files).
-	Manifest *oci.Manifest
+	Manifest *checkpoint.Manifest
 	// Bytes is what was sent to the destination, in bytes.
 	Bytes int64
 	// Phases are the wall times of checkpoint, transfer, restore and stop-source, in order.
-	Phases []oci.Phase
+	Phases []checkpoint.Phase
 }
 
 // Migrate checkpoints the source container (paused while it is dumped and moved, so it cannot
@@ -60,7 +60,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	res := &MigrateResult{}
 	t := time.Now()
 	phase := func(name string) {
-		res.Phases = append(res.Phases, oci.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
+		res.Phases = append(res.Phases, checkpoint.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
 		t = time.Now()
 	}
 	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir})

@@ -1,4 +1,4 @@
-package oci
+package checkpoint
 
 import (
 	"errors"

@@ -16,11 +16,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
-
-// RuntimeName is the runtime restored containers are created with (berth's shim).
-const RuntimeName = "io.containerd.berth.v2"
 
 // RestoreOptions say which checkpoint to restore and as what.
 type RestoreOptions struct {
@@ -43,17 +41,17 @@ type RestoreOptions struct {
 // container (with its snapshot) are removed; the checkpoint is left intact.
 func Restore(ctx context.Context, c *containerd.Client, o RestoreOptions) (_ containerd.Task, retErr error) {
 	ctx = namespaces.WithNamespace(ctx, o.Namespace)
-	m, err := oci.ReadManifest(o.Dir)
+	m, err := checkpoint.ReadManifest(o.Dir)
 	if err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(o.Dir, oci.SpecFile))
+	b, err := os.ReadFile(filepath.Join(o.Dir, checkpoint.SpecFile))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.Dir, err)
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %s: %w", o.Dir, oci.SpecFile, err)
+		return nil, fmt.Errorf("checkpoint %s: %s: %w", o.Dir, checkpoint.SpecFile, err)
 	}
 	img, err := c.GetImage(ctx, m.Container.Image)
 	if errdefs.IsNotFound(err) {
@@ -72,7 +70,7 @@ func Restore(ctx context.Context, c *containerd.Client, o RestoreOptions) (_ con
 	ctr, err := c.NewContainer(ctx, o.ID,
 		containerd.WithImage(img),
 		containerd.WithNewSnapshot(o.ID, img),
-		containerd.WithRuntime(RuntimeName, nil),
+		containerd.WithRuntime(oci.RuntimeName, nil),
 		containerd.WithSpec(&spec),
 	)
 	if err != nil {
@@ -109,7 +107,7 @@ func Restore(ctx context.Context, c *containerd.Client, o RestoreOptions) (_ con
 // adaptSpec rewrites the node-specific parts of the source spec for the destination: the
 // restore-from annotation, the cgroup path containerd derives from namespace and id, and network
 // namespaces joined by path (which do not exist on another node).
-func adaptSpec(spec *specs.Spec, src oci.ContainerInfo, o RestoreOptions) error {
+func adaptSpec(spec *specs.Spec, src checkpoint.ContainerInfo, o RestoreOptions) error {
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}

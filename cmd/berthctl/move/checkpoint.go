@@ -23,7 +23,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // CheckpointOptions say what to checkpoint and where.
@@ -43,7 +43,7 @@ type Source struct {
 	// Task is the source task, paused (nil when Exit was set).
 	Task containerd.Task
 	// Manifest is the checkpoint's berth manifest, as written to Dir/berth.json.
-	Manifest *oci.Manifest
+	Manifest *checkpoint.Manifest
 	// Dir is the checkpoint directory.
 	Dir string
 }
@@ -64,11 +64,11 @@ func (s *Source) Resume(ctx context.Context) error {
 // naming its status), and the shim's or CRIU's error.
 func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) (_ *Source, retErr error) {
 	ctx = namespaces.WithNamespace(ctx, o.Namespace)
-	var phases []oci.Phase
+	var phases []checkpoint.Phase
 	t0 := time.Now()
 	phase := func(name string) {
 		now := time.Now()
-		phases = append(phases, oci.Phase{Name: name, Ms: float64(now.Sub(t0).Microseconds()) / 1000})
+		phases = append(phases, checkpoint.Phase{Name: name, Ms: float64(now.Sub(t0).Microseconds()) / 1000})
 		t0 = now
 	}
 	ctr, err := c.LoadContainer(ctx, o.ID)
@@ -99,7 +99,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if _, err := os.Stat(o.Dir); err == nil {
 		return nil, fmt.Errorf("checkpoint directory %s already exists: %w", o.Dir, errdefs.ErrAlreadyExists)
 	}
-	images := filepath.Join(o.Dir, oci.ImagesDir)
+	images := filepath.Join(o.Dir, checkpoint.ImagesDir)
 	if err := os.MkdirAll(images, 0o700); err != nil {
 		return nil, err
 	}
@@ -136,32 +136,32 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	phase("shim-checkpoint")
 
 	if info.SnapshotKey != "" {
-		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, oci.RootfsDiffFile)); err != nil {
+		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, checkpoint.RootfsDiffFile)); err != nil {
 			return nil, fmt.Errorf("checkpoint %s: rootfs diff: %w", o.ID, err)
 		}
 	}
 	phase("rootfs-diff")
 
-	inner, err := oci.ReadManifest(images)
+	inner, err := checkpoint.ReadManifest(images)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: the shim wrote no berth manifest (is the container's runtime io.containerd.berth.v2? it is %s): %w", o.ID, info.Runtime.Name, err)
 	}
-	cinfo := oci.ContainerInfo{
+	cinfo := checkpoint.ContainerInfo{
 		ID: o.ID, Namespace: o.Namespace, Image: info.Image, ImageDigest: imageDigest,
 		Runtime: info.Runtime.Name, SnapshotKey: info.SnapshotKey, Snapshotter: info.Snapshotter,
 	}
-	if err := writeJSON(filepath.Join(o.Dir, oci.ConfigFile), cinfo); err != nil {
+	if err := writeJSON(filepath.Join(o.Dir, checkpoint.ConfigFile), cinfo); err != nil {
 		return nil, err
 	}
 	var spec json.RawMessage
 	if info.Spec != nil {
 		spec = info.Spec.GetValue()
 	}
-	if err := os.WriteFile(filepath.Join(o.Dir, oci.SpecFile), spec, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.SpecFile), spec, 0o600); err != nil {
 		return nil, err
 	}
-	m := &oci.Manifest{
-		Version:     oci.ManifestVersion,
+	m := &checkpoint.Manifest{
+		Version:     checkpoint.ManifestVersion,
 		Created:     time.Now().UTC(),
 		Container:   cinfo,
 		Fingerprint: inner.Fingerprint,
@@ -170,18 +170,18 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	// the shim just digested the CRIU images: reuse those digests instead of reading the images again
-	known := map[string]oci.File{}
+	known := map[string]checkpoint.File{}
 	for _, f := range inner.Files {
-		known[oci.ImagesDir+"/"+f.Path] = oci.File{Path: oci.ImagesDir + "/" + f.Path, Size: f.Size, Digest: f.Digest}
+		known[checkpoint.ImagesDir+"/"+f.Path] = checkpoint.File{Path: checkpoint.ImagesDir + "/" + f.Path, Size: f.Size, Digest: f.Digest}
 	}
-	if m.Files, m.ImageSize, err = oci.DigestDirKnown(o.Dir, known); err != nil {
+	if m.Files, m.ImageSize, err = checkpoint.DigestDirKnown(o.Dir, known); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	m.Phases = phases
 	for _, p := range inner.Phases {
-		m.Phases = append(m.Phases, oci.Phase{Name: "shim/" + p.Name, Ms: p.Ms})
+		m.Phases = append(m.Phases, checkpoint.Phase{Name: "shim/" + p.Name, Ms: p.Ms})
 	}
-	if err := oci.WriteManifest(o.Dir, m); err != nil {
+	if err := checkpoint.WriteManifest(o.Dir, m); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	src := &Source{Task: task, Manifest: m, Dir: o.Dir}

@@ -4,5 +4,5 @@
 // transfer between the two is package oci/transfer; berthctl wires them into a migration.
 //
 // What belongs here: containerd API calls and their rollback. What does not: the CRIU and GPU
-// steps (the shim does those inside containerd) and the checkpoint format (package oci).
+// steps (the shim does those inside containerd) and the checkpoint format (package oci/checkpoint).
 package move

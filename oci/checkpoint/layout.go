@@ -1,4 +1,4 @@
-package oci
+package checkpoint
 
 // The layout of a berth checkpoint directory. It follows the layout the kubelet and checkpointctl
 // use for CRI checkpoint archives, so the same tools can read it:
