@@ -102,7 +102,7 @@ func fakeFromFixture(t *testing.T, want *topology.Topology, perSwitch []int, rem
 
 func parseFixture(t *testing.T, name string) *topology.Topology {
 	t.Helper()
-	fh, err := os.Open(filepath.Join("testdata", name)) // copies of ../shared/fixtures/topologies
+	fh, err := os.Open(filepath.Join("testdata", name)) // copies of ../topology/testdata/topologies
 	if err != nil {
 		t.Fatalf("fixture %s: %v", name, err)
 	}
