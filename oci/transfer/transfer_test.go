@@ -114,7 +114,10 @@ func assertRootClean(t testing.TB, root string, keep ...string) {
 	}
 	for _, e := range entries {
 		if e.Name() == checkpoint.StampDir { // stamps of received checkpoints: checked below
-			stamps, _ := os.ReadDir(filepath.Join(root, checkpoint.StampDir))
+			stamps, err := os.ReadDir(filepath.Join(root, checkpoint.StampDir))
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, st := range stamps {
 				if !contains(keep, strings.TrimSuffix(st.Name(), ".json")) {
 					t.Errorf("stamp left for a checkpoint that is not there: %s", st.Name())
@@ -150,8 +153,14 @@ func sameTree(t testing.TB, a, b string) {
 	if fmt.Sprint(fa) != fmt.Sprint(fb) {
 		t.Errorf("trees differ:\n%v\n%v", fa, fb)
 	}
-	ma, _ := os.ReadFile(filepath.Join(a, checkpoint.ManifestFile))
-	mb, _ := os.ReadFile(filepath.Join(b, checkpoint.ManifestFile))
+	ma, err := os.ReadFile(filepath.Join(a, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := os.ReadFile(filepath.Join(b, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(ma, mb) {
 		t.Error("berth.json differs")
 	}
