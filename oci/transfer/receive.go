@@ -128,13 +128,13 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 // Handle receives one checkpoint from conn and answers the sender with the verdict. It returns
 // the absolute path of the stored checkpoint, Root/<name>.
 //
-// Steps: read and check the header (magic, name, manifest, sizes); refuse a name that exists
-// under Root or is being received; extract the stream (archive.Extract, with Limits) into a
-// staging directory Root/.incoming-<name>-<random>; check that exactly the announced bytes came
-// and that the berth.json received is the header's; verify every file (checkpoint.Verify); fsync
-// (unless NoSync); rename the staging directory to Root/<name> without replacing anything;
-// fsync Root. On any failure the staging directory is removed, so nothing half-received
-// remains, and the sender is told why.
+// Steps: greet the sender (Greeting); read and check the header (magic, name, manifest, sizes);
+// refuse a name that exists under Root or is being received; extract the stream
+// (archive.Extract, with Limits) into a staging directory Root/.incoming-<name>-<random>; check
+// that exactly the announced bytes came and that the berth.json received is the header's; verify
+// every file (checkpoint.Verify); fsync (unless NoSync); rename the staging directory to
+// Root/<name> without replacing anything; fsync Root. On any failure the staging directory is
+// removed, so nothing half-received remains, and the sender is told why.
 //
 // conn belongs to the caller, who closes it; Handle closes it only to abort when ctx is done.
 // A sender that stalls for IdleTimeout fails the transfer.
@@ -154,7 +154,7 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 	}
 	// greet first: a sender learns it reached a berth receiver before it pauses anything
 	_ = conn.SetWriteDeadline(time.Now().Add(idle))
-	if _, err := conn.Write([]byte(greeting)); err != nil {
+	if _, err := conn.Write([]byte(Greeting)); err != nil {
 		return "", fmt.Errorf("greet sender: %w", err)
 	}
 	ir := &idleReader{conn: conn, idle: idle}
