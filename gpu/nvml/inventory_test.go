@@ -75,12 +75,10 @@ func fakeFromFixture(t *testing.T, want *topology.Topology, perSwitch []int, rem
 			}
 		}
 		link := 0
-		if perSwitch != nil {
-			for s, k := range perSwitch {
-				for range k {
-					f.links[i] = append(f.links[i], NVLink{Link: link, RemoteBusID: switchBus(s), Remote: remote})
-					link++
-				}
+		for s, k := range perSwitch {
+			for range k {
+				f.links[i] = append(f.links[i], NVLink{Link: link, RemoteBusID: switchBus(s), Remote: remote})
+				link++
 			}
 		}
 		for j := range n {
