@@ -1,7 +1,7 @@
-package main
+package commands
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,15 +15,15 @@ import (
 	"github.com/berth-dev/berth/nri/plugin"
 )
 
-func init() { subcommands = append(subcommands, planCmd, topologyCmd) }
-
-func planCmd() *cobra.Command {
+// Plan is `berthctl plan`.
+func Plan() *cobra.Command {
 	var (
-		topoFile, sysfs, policy, occupied, occupiedCPUs, reserved, output string
-		gpus, cpus                                                        int
+		topoFile, sysfs, policy, occupied, occupiedCPUs, reserved string
+		gpus, cpus                                                int
+		output                                                    *format
 	)
 	cmd := &cobra.Command{
-		Use:   "plan --topology FILE --gpus N [--cpus M] [--policy P] [--occupied 0,3] [-o json]",
+		Use:   "plan --topology FILE --gpus N [--cpus M] [--policy P] [--occupied 0,3] [-o text|json]",
 		Short: "Show where berth-nri would place a container on a node described by `nvidia-smi topo -m` text",
 		Long: "plan reads a node from the text `nvidia-smi topo -m` prints (paste your own) and prints the GPUs,\n" +
 			"CPUs and NUMA nodes berth-nri would give a container, and why. Without --sysfs the CPUs are\n" +
@@ -31,8 +31,13 @@ func planCmd() *cobra.Command {
 			"sysfs tree (this node: /sys). -o json prints the GPU indices, CPU ids and NUMA node ids.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" && output != "text" {
-				return fmt.Errorf("-o %q: want text or json", output)
+			for _, n := range []struct {
+				flag string
+				v    int
+			}{{"--gpus", gpus}, {"--cpus", cpus}} {
+				if n.v < 0 {
+					return fmt.Errorf("%s %d: must not be negative", n.flag, n.v)
+				}
 			}
 			pol, err := alloc.ParsePolicy(policy)
 			if err != nil {
@@ -55,8 +60,8 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), res)
 			}
 			res.WriteText(cmd.OutOrStdout())
 			return nil
@@ -71,7 +76,7 @@ func planCmd() *cobra.Command {
 	f.StringVar(&occupied, "occupied", "", "GPU indices already taken (\"0,3\")")
 	f.StringVar(&occupiedCPUs, "occupied-cpus", "", "CPU ids already held exclusively (\"0-7\")")
 	f.StringVar(&reserved, "reserved-cpus", "", "CPU ids never given exclusively")
-	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	output = addFormat(f, formatText, formatJSON)
 	_ = cmd.MarkFlagRequired("topology")
 	return cmd
 }
@@ -101,23 +106,32 @@ func planNode(topoFile, sysfs string) (*node.Node, error) {
 	return n.WithGPUs(t, nil)
 }
 
-func topologyCmd() *cobra.Command {
-	var topoFile, sysfs, source, output string
+// Topology is `berthctl topology`.
+func Topology() *cobra.Command {
+	var (
+		topoFile, sysfs, source string
+		output                  *format
+	)
 	cmd := &cobra.Command{
-		Use:   "topology [--topology FILE] [--sysfs /sys] [-o json]",
+		Use:   "topology [--topology FILE] [--sysfs /sys] [-o text|json]",
 		Short: "Show this node's model as berth-nri sees it: CPUs, NUMA nodes, memory, GPUs and their links",
 		Long: "topology builds the node model berth-nri would build: CPUs and NUMA nodes from sysfs, GPUs from\n" +
 			"--topology (`nvidia-smi topo -m` text) or, without it, from NVML when the NVIDIA driver is\n" +
 			"present (--gpu-source). On a machine without GPUs it shows CPUs and NUMA nodes only.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" && output != "text" {
-				return fmt.Errorf("-o %q: want text or json", output)
+			switch {
+			case source != "auto" && source != "file" && source != "nvml" && source != "none":
+				return fmt.Errorf("--gpu-source %q: want auto, file, nvml or none", source)
+			case source == "file" && topoFile == "":
+				return errors.New("--gpu-source file needs --topology")
+			case source == "nvml" && topoFile != "":
+				return errors.New("--gpu-source nvml reads the live node: drop --topology")
 			}
 			cfg := plugin.DefaultConfig()
 			abs, err := filepath.Abs(sysfs)
 			if err != nil {
-				return err
+				return fmt.Errorf("--sysfs %s: %w", sysfs, err)
 			}
 			cfg.SysfsRoot, cfg.TopologyFile, cfg.GPUSource = abs, topoFile, source
 			if topoFile != "" && source == "auto" {
@@ -131,10 +145,8 @@ func topologyCmd() *cobra.Command {
 				return err
 			}
 			m := plan.Describe(n)
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(m)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), m)
 			}
 			m.WriteText(cmd.OutOrStdout())
 			return nil
@@ -144,6 +156,6 @@ func topologyCmd() *cobra.Command {
 	f.StringVar(&topoFile, "topology", "", "file with the output of `nvidia-smi topo -m` (default: NVML when present)")
 	f.StringVar(&sysfs, "sysfs", node.DefaultSysfsRoot, "sysfs root")
 	f.StringVar(&source, "gpu-source", "auto", "GPUs from: auto, file, nvml, none")
-	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	output = addFormat(f, formatText, formatJSON)
 	return cmd
 }
