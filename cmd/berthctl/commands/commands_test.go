@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/berth-dev/berth/cmd/berthctl/move"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
@@ -165,5 +167,40 @@ func TestFormatFlag(t *testing.T) {
 		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("send %v: %v, want an error containing %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestFlagErrors: an error names the flag (and the value) at fault.
+func TestFlagErrors(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none")
+	topo := filepath.Join(t.TempDir(), "topo.txt")
+	if err := os.WriteFile(topo, []byte("not nvidia-smi topo -m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cmd  func() *cobra.Command
+		args []string
+		want string
+	}{
+		{"topology file missing", Topology, []string{"--topology", none}, "--topology: "},
+		{"topology file unreadable", Topology, []string{"--topology", topo}, "--topology " + topo},
+		{"sysfs missing", Topology, []string{"--sysfs", none}, "--sysfs: "},
+		{"gpu source", Topology, []string{"--gpu-source", "tpu"}, `--gpu-source "tpu"`},
+		{"gpu source file without topology", Topology, []string{"--gpu-source", "file"}, "--gpu-source file needs --topology"},
+		{"plan negative gpus", Plan, []string{"--topology", topo, "--gpus", "-1"}, "--gpus -1"},
+		{"plan policy", Plan, []string{"--topology", topo, "--policy", "tight"}, "--policy"},
+		{"fake gpu", Fingerprint, []string{"--gpu", "fake", "--fake-gpu-root", none}, "--gpu fake"},
+		{"output format", CheckpointInspect, []string{"-o", "yaml", none}, `"yaml" for "-o, --output"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cmd()
+			c.SetOut(io.Discard)
+			c.SetErr(io.Discard)
+			c.SetArgs(tc.args)
+			if err := c.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want one containing %q", err, tc.want)
+			}
+		})
 	}
 }

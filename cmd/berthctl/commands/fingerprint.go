@@ -90,7 +90,7 @@ func openNode(criuPath, kind, fakeRoot string) (*host, error) {
 	}
 	b, err := backend.Open(kind, fakeRoot)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--gpu %s: %w", kind, err)
 	}
 	return &host{src: fingerprint.NodeSources("/proc", criuPath, nil), gpu: b}, nil
 }

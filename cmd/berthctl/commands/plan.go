@@ -83,14 +83,9 @@ func Plan() *cobra.Command {
 
 // planNode reads the topology file and builds the node berthctl plan works on.
 func planNode(topoFile, sysfs string) (*node.Node, error) {
-	f, err := os.Open(topoFile)
+	t, err := readTopology(topoFile)
 	if err != nil {
-		return nil, fmt.Errorf("--topology: %w", err)
-	}
-	defer f.Close()
-	t, err := topology.Parse(f)
-	if err != nil {
-		return nil, fmt.Errorf("--topology %s: %w", topoFile, err)
+		return nil, err
 	}
 	if sysfs == "" {
 		n, err := node.FromTopology(t)
@@ -104,6 +99,20 @@ func planNode(topoFile, sysfs string) (*node.Node, error) {
 		return nil, fmt.Errorf("--sysfs: %w", err)
 	}
 	return n.WithGPUs(t, nil)
+}
+
+// readTopology reads the `nvidia-smi topo -m` text of --topology.
+func readTopology(file string) (*topology.Topology, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("--topology: %w", err)
+	}
+	defer f.Close()
+	t, err := topology.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("--topology %s: %w", file, err)
+	}
+	return t, nil
 }
 
 // Topology is `berthctl topology`.
@@ -140,9 +149,19 @@ func Topology() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			// check what the flags name first, so that an error names the flag, not the NRI
+			// plugin's configuration key
+			if _, err := node.ReadSysfs(abs); err != nil {
+				return fmt.Errorf("--sysfs: %w", err)
+			}
+			if topoFile != "" {
+				if _, err := readTopology(topoFile); err != nil {
+					return err
+				}
+			}
 			n, _, err := plugin.LoadNode(cfg)
 			if err != nil {
-				return err
+				return fmt.Errorf("--gpu-source %s: %w", cfg.GPUSource, err)
 			}
 			m := plan.Describe(n)
 			if output.json() {
