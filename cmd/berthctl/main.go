@@ -49,7 +49,6 @@ checkpoints, and moves a running container from one containerd node to another.
 take -o text|json; a file to write is --file.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          cobra.NoArgs,
 	}
 	g := &commands.Globals{}
 	g.AddFlags(root.PersistentFlags(), getenv)

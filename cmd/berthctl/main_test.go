@@ -202,3 +202,16 @@ func TestHelpGroups(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownCommand: an unknown command or verb is an error naming it, not a help page.
+func TestUnknownCommand(t *testing.T) {
+	for _, args := range [][]string{{"bogus"}, {"checkpoint", "bogus"}} {
+		_, _, err := execute(t, nil, args...)
+		if err == nil || !strings.Contains(err.Error(), `unknown command "bogus"`) {
+			t.Errorf("berthctl %v: %v, want unknown command \"bogus\"", args, err)
+		}
+	}
+	if out, _, err := execute(t, nil, "checkpoint"); err != nil || !strings.Contains(out, "create") {
+		t.Errorf("berthctl checkpoint: %v, want its help:\n%s", err, out)
+	}
+}

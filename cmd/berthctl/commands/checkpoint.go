@@ -22,7 +22,9 @@ func Checkpoint() *cobra.Command {
 		Long: `A berth checkpoint is a directory (or a tar archive of one): the CRIU images, the writable
 layer's changes, the spec and berth.json, the manifest with every file's digest and the source
 node's fingerprint.`,
+		// runnable, so that an unknown verb is an error (cobra only prints the help of a parent)
 		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 }
 
