@@ -1,7 +1,9 @@
 // Command berthctl is the operator's tool: this node's topology and fingerprint, placement plans,
-// checkpoint inspection, and moves of running containers between containerd nodes.
+// checkpoints (create, inspect, push, pull), and moves of running containers between containerd
+// nodes.
 //
-// main only wires: each subcommand lives in its own file and calls into the berth packages.
+// main only wires: the commands live in package commands; newRoot says which there are, how they
+// nest and in which group of the help each is listed.
 package main
 
 import (
@@ -12,25 +14,80 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/berth-dev/berth/cmd/berthctl/commands"
 )
 
-// subcommands is filled by each subcommand file's init, so files do not edit each other.
-var subcommands []func() *cobra.Command
-
 func main() {
-	root := &cobra.Command{
-		Use:           "berthctl",
-		Short:         "Place, checkpoint and move GPU inference containers on containerd nodes",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	for _, mk := range subcommands {
-		root.AddCommand(mk())
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := root.ExecuteContext(ctx); err != nil {
+	err := newRoot(os.Getenv).ExecuteContext(ctx)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "berthctl:", err)
 		os.Exit(1)
 	}
+}
+
+// The groups of the root's help, in the order they are listed.
+const (
+	groupNode        = "node"
+	groupCheckpoints = "checkpoints"
+	groupMoves       = "moves"
+)
+
+// newRoot returns berthctl's root command: the global flags (their defaults from getenv, as
+// ctr's) and every command.
+func newRoot(getenv func(string) string) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "berthctl",
+		Short: "Place, checkpoint and move GPU inference containers on containerd nodes",
+		Long: `berthctl shows a node's topology and fingerprint, explains a placement, creates and inspects
+checkpoints, and moves a running container from one containerd node to another.
+
+-a/--address and -n/--namespace choose the containerd and its namespace, as ctr's do
+($CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE when not given). Commands that print a result
+take -o text|json; a file to write is --file.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	g := &commands.Globals{}
+	g.AddFlags(root.PersistentFlags(), getenv)
+	root.AddGroup(
+		&cobra.Group{ID: groupNode, Title: "Node:"},
+		&cobra.Group{ID: groupCheckpoints, Title: "Checkpoints:"},
+		&cobra.Group{ID: groupMoves, Title: "Moves:"},
+	)
+
+	checkpoint := commands.Checkpoint()
+	checkpoint.AddCommand(
+		commands.CheckpointCreate(g),
+		commands.CheckpointInspect(),
+		commands.CheckpointSelector(),
+		commands.CheckpointPush(),
+		commands.CheckpointPull(),
+	)
+	for _, c := range []struct {
+		group string
+		cmd   *cobra.Command
+	}{
+		{groupNode, commands.Fingerprint()},
+		{groupNode, commands.Labels()},
+		{groupNode, commands.Topology()},
+		{groupNode, commands.Plan()},
+		{groupCheckpoints, checkpoint},
+		{groupMoves, commands.Migrate(g)},
+		{groupMoves, commands.Send()},
+		{groupMoves, commands.Receive()},
+		{groupMoves, commands.Restore(g)},
+	} {
+		c.cmd.GroupID = c.group
+		root.AddCommand(c.cmd)
+	}
+
+	// the former places of push and pull: they still work, hidden, and say where they went
+	for _, c := range []*cobra.Command{commands.CheckpointPush(), commands.CheckpointPull()} {
+		c.Deprecated = "use 'berthctl checkpoint " + c.Name() + "'"
+		root.AddCommand(c)
+	}
+	return root
 }

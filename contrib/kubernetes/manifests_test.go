@@ -275,17 +275,17 @@ func TestLabelWriter(t *testing.T) {
 	if !slices.Contains(argv, "labels") {
 		t.Errorf("command %v does not run berthctl labels", argv)
 	}
-	var output string
+	var file string
 	for _, a := range argv {
-		if v, ok := strings.CutPrefix(a, "--output="); ok {
-			output = v
+		if v, ok := strings.CutPrefix(a, "--file="); ok {
+			file = v
 		}
 		if strings.HasPrefix(a, "--interval=") && a == "--interval=0" {
 			t.Error("--interval=0 writes once; the label writer must keep the file current")
 		}
 	}
-	if path.Dir(output) != featuresDir || strings.HasPrefix(path.Base(output), ".") {
-		t.Errorf("--output %q: want a visible file in %s", output, featuresDir)
+	if path.Dir(file) != featuresDir || strings.HasPrefix(path.Base(file), ".") {
+		t.Errorf("--file %q: want a visible file in %s", file, featuresDir)
 	}
 	mounted := false
 	for _, m := range c.VolumeMounts {

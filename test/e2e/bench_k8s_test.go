@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -220,7 +219,33 @@ func timed(b *testing.B, what string, fn func() error) time.Duration {
 	return time.Since(t)
 }
 
-var pushedDigest = regexp.MustCompile(`@(sha256:[0-9a-f]{64})`)
+// berthctlJSON runs berthctl with args and -o json and decodes what it prints into v. The
+// error holds its stdout and stderr.
+func berthctlJSON(ctx context.Context, c *node.Cluster, v any, args ...string) error {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.Berthctl(), append(args, "-o", "json")...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("berthctl %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	if err := json.Unmarshal(stdout.Bytes(), v); err != nil {
+		return fmt.Errorf("berthctl %s: output is not JSON: %w\n%s", strings.Join(args, " "), err, stdout.String())
+	}
+	return nil
+}
+
+// pushResult is what `berthctl checkpoint push -o json` prints; pullResult what `checkpoint pull -o json` does.
+type pushResult struct {
+	Source, Reference, Digest string
+	Ms                        float64
+}
+
+type pullResult struct {
+	Reference, Dir string
+	Files          int
+	Bytes          int64
+	Ms             float64
+}
 
 // benchK8sSize measures one size: the Kubernetes path and the direct path, in that order or
 // (directFirst) the other.
@@ -293,21 +318,15 @@ func benchK8sCRI(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wo
 
 	// berthctl push (verifies the CRI archive's images, signs it whole, uploads)
 	ref := reg.Ref(fmt.Sprintf("berth/bk8s-infer-%d:v1", mib))
-	var out []byte
-	s.push = timed(b, "berthctl push", func() error {
-		var err error
-		out, err = exec.CommandContext(ctx, c.Berthctl(), "push", "--plain-http", archive, ref).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%w\n%s", err, out)
-		}
-		return nil
+	var p pushResult
+	s.push = timed(b, "berthctl checkpoint push", func() error {
+		return berthctlJSON(ctx, c, &p, "checkpoint", "push", "--plain-http", archive, ref)
 	})
-	s.pushSummary = lastLine(string(out))
-	m := pushedDigest.FindStringSubmatch(string(out))
-	if m == nil {
-		b.Fatalf("berthctl push printed no digest:\n%s", out)
+	s.pushSummary = fmt.Sprintf("pushed %s to %s@%s (%.1f s)", p.Source, p.Reference, p.Digest, p.Ms/1000)
+	if !strings.HasPrefix(p.Digest, "sha256:") {
+		b.Fatalf("berthctl checkpoint push reported no digest: %+v", p)
 	}
-	s.pushedDigest = m[1]
+	s.pushedDigest = p.Digest
 	s.registryBytes = dirBytes(filepath.Join(reg.Dir, "storage"))
 	os.Remove(archive)
 
@@ -331,16 +350,11 @@ func benchK8sCRI(ctx context.Context, b *testing.B, c *node.Cluster, mib int, wo
 	local := filepath.Join(dst.CheckpointRoot, name)
 	b.Cleanup(func() { os.RemoveAll(local); _ = checkpoint.RemoveStamp(local) })
 	s.local = benchK8sRestore(ctx, b, dst, dir, fmt.Sprintf("bk8s-local-%d", mib), mib, name, func(r *k8sRestore) {
-		var out []byte
-		r.pull = timed(b, "berthctl pull", func() error {
-			var err error
-			out, err = exec.CommandContext(ctx, c.Berthctl(), "pull", "--plain-http", ref, local).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("%w\n%s", err, out)
-			}
-			return nil
+		var p pullResult
+		r.pull = timed(b, "berthctl checkpoint pull", func() error {
+			return berthctlJSON(ctx, c, &p, "checkpoint", "pull", "--plain-http", ref, local)
 		})
-		r.pullSummary = lastLine(string(out))
+		r.pullSummary = fmt.Sprintf("pulled %s into %s (%d files, %d MiB, verified; %.1f s)", p.Reference, p.Dir, p.Files, p.Bytes>>20, p.Ms/1000)
 	})
 	os.RemoveAll(local)
 	_ = checkpoint.RemoveStamp(local)
@@ -439,15 +453,6 @@ func archivePhase(archive, name string) time.Duration {
 		}
 		return 0
 	}
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	l := lines[len(lines)-1]
-	if i := strings.LastIndex(l, "\r"); i >= 0 { // a progress bar redrawn on the line
-		l = l[i+1:]
-	}
-	return strings.TrimSpace(l)
 }
 
 func loadAvg() string {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -390,8 +391,6 @@ func benchRaw(ctx context.Context, b *testing.B, n *node.Node, mib, round int, w
 	os.RemoveAll(restoreWork)
 }
 
-var phaseLine = regexp.MustCompile(`^\s+(\S+)\s+([0-9.]+) ms$`)
-
 // benchBerth: berthctl migrate from node1 to node2 (berth runtime), as test/scenario does.
 func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib, round int, work string, r *sample) {
 	src, dst := c.Nodes[0], c.Nodes[1]
@@ -746,12 +745,13 @@ func vmRSS(pid int) (int64, error) {
 	return strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
 }
 
-// benchMigrate runs `berthctl migrate` of id from src to dst (as destID, checkpoint name) and
-// returns its wall time, its summary line, the phases it printed, and the shim's CRIU restore time.
+// benchMigrate runs `berthctl migrate -o json` of id from src to dst (as destID, checkpoint name)
+// and returns its wall time, a summary line, the phases it reported (the checkpoint's as
+// checkpoint/..., then the move's, then "total"), and the shim's CRIU restore time.
 func benchMigrate(ctx context.Context, b *testing.B, c *node.Cluster, src, dst *node.Node, id, destID, name, work string) (time.Duration, string, []phase, time.Duration) {
 	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--to-root", dst.CheckpointRoot, "--target-id", destID, "--work-dir", filepath.Join(work, "outgoing"),
-		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), id}
+		"--root", dst.CheckpointRoot, "--id", destID, "--work-dir", filepath.Join(work, "outgoing"),
+		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), "-o", "json", id}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -761,13 +761,21 @@ func benchMigrate(ctx context.Context, b *testing.B, c *node.Cluster, src, dst *
 	if err != nil {
 		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	var phases []phase
-	for _, l := range lines[1:] {
-		if m := phaseLine.FindStringSubmatch(l); m != nil {
-			ms, _ := strconv.ParseFloat(m[2], 64)
-			phases = append(phases, phase{m[1], time.Duration(ms * float64(time.Millisecond))})
-		}
+	var res struct {
+		Container, ID, To, Checkpoint string
+		Bytes                         int64
+		Phases                        []checkpoint.Phase
+		TotalMs                       float64
 	}
-	return wall, lines[0], phases, shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		b.Fatalf("berthctl %s: output is not migrate's JSON: %v\n%s", strings.Join(args, " "), err, stdout.String())
+	}
+	msDur := func(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+	var phases []phase
+	for _, p := range res.Phases {
+		phases = append(phases, phase{p.Name, msDur(p.Ms)})
+	}
+	phases = append(phases, phase{"total", msDur(res.TotalMs)})
+	summary := fmt.Sprintf("migrated %s -> %s as %s (%d MiB sent, checkpoint %s)", res.Container, res.To, res.ID, res.Bytes>>20, res.Checkpoint)
+	return wall, summary, phases, shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
 }

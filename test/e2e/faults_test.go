@@ -112,7 +112,7 @@ func TestFltCheckpointNotRunning(t *testing.T) {
 			name := tc.id + "-ck"
 			target := tc.id + "-moved"
 			out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-				"--to-root", dst.CheckpointRoot, "--target-id", target, "--work-dir", work, "--name", name, tc.id)
+				"--root", dst.CheckpointRoot, "--id", target, "--work-dir", work, "--name", name, tc.id)
 			fltRequireErr(t, "berthctl migrate", out, err,
 				"migrate "+tc.id, fmt.Sprintf("task is %s, not running", tc.status))
 
@@ -651,7 +651,7 @@ func TestFltMigrateFaults(t *testing.T) {
 			name: "destination-socket-missing",
 			setup: func(t *testing.T, name string) fltMigrateSetup {
 				dir := t.TempDir()
-				return fltMigrateSetup{args: []string{"--to", filepath.Join(dir, "no-containerd.sock"), "--to-root", filepath.Join(dir, "root")},
+				return fltMigrateSetup{args: []string{"--to", filepath.Join(dir, "no-containerd.sock"), "--root", filepath.Join(dir, "root")},
 					root: filepath.Join(dir, "root"), untouched: true}
 			},
 			want: func(s fltMigrateSetup) []string {
@@ -672,7 +672,7 @@ func TestFltMigrateFaults(t *testing.T) {
 			ev := fltWatch(t, ctx, src, w.id)
 			work := t.TempDir()
 			args := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-				"--to-root", dst.CheckpointRoot, "--target-id", target, "--work-dir", work, "--name", name,
+				"--root", dst.CheckpointRoot, "--id", target, "--work-dir", work, "--name", name,
 				"--log", filepath.Join(dst.Dir, target+".log")}, s.args...)
 			args = append(args, w.id)
 			var out bytes.Buffer
@@ -1168,8 +1168,8 @@ type fltReceive struct {
 // it serves; it is killed when the test ends (or by kill, which also waits for it).
 func fltStartReceive(t *testing.T, ctx context.Context, c *node.Cluster, root string) *fltReceive {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, c.Berthctl(), "receive", "--root", root, "--listen", "127.0.0.1:0")
-	stderr, err := cmd.StderrPipe()
+	cmd := exec.CommandContext(ctx, c.Berthctl(), "receive", "--root", root, "--listen", "127.0.0.1:0", "-o", "json")
+	stdout, err := cmd.StdoutPipe()
 	fltNoErr(t, err)
 	fltNoErr(t, cmd.Start())
 	var once sync.Once
@@ -1182,7 +1182,7 @@ func fltStartReceive(t *testing.T, ctx context.Context, c *node.Cluster, root st
 	}}
 	lines := make(chan string, 16)
 	go func() {
-		sc := bufio.NewScanner(stderr)
+		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			select {
 			case lines <- sc.Text():
@@ -1195,12 +1195,12 @@ func fltStartReceive(t *testing.T, ctx context.Context, c *node.Cluster, root st
 	t.Cleanup(r.kill)
 	select {
 	case l := <-lines:
-		// "receiving checkpoints on ADDR into ROOT"
-		f := strings.Fields(l)
-		if len(f) < 4 || f[0] != "receiving" {
-			t.Fatalf("berthctl receive said %q", l)
+		// {"event": "listening", "address": ADDR, "root": ROOT}
+		var ev struct{ Event, Address string }
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.Event != "listening" || ev.Address == "" {
+			t.Fatalf("berthctl receive said %q (%v)", l, err)
 		}
-		r.addr = f[3]
+		r.addr = ev.Address
 	case <-time.After(10 * time.Second):
 		t.Fatal("berthctl receive did not start in 10s")
 	}

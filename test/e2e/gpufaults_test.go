@@ -103,7 +103,7 @@ func TestGfltCRIUFailsAfterGPUCheckpoint(t *testing.T) {
 			ev := fltWatch(t, ctx, src, w.id)
 			name, target := "gflt-criu-"+tc.name, "gflt-criu-moved"
 			out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-				"--to-root", dst.CheckpointRoot, "--target-id", target, "--work-dir", t.TempDir(), "--name", name, w.id)
+				"--root", dst.CheckpointRoot, "--id", target, "--work-dir", t.TempDir(), "--name", name, w.id)
 			fltRequireErr(t, "berthctl migrate", out, err, append([]string{"migrate " + w.id, "checkpoint " + w.id}, tc.want...)...)
 
 			ev.requireResumed(t)

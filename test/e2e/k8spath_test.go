@@ -145,18 +145,16 @@ func TestKubernetesPathGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// berthctl push: signs the CRI archive and pushes it over plain HTTP
+	// berthctl checkpoint push: signs the CRI archive and pushes it over plain HTTP
 	ref := reg.Ref("berth/k8s-infer:v1")
 	t0 = time.Now()
-	push := exec.CommandContext(ctx, c.Berthctl(), "push", "--plain-http", archive, ref)
-	out, err := push.CombinedOutput()
-	if err != nil {
-		t.Fatalf("berthctl push: %v\n%s", err, out)
+	var pushed pushResult
+	if err := berthctlJSON(ctx, c, &pushed, "checkpoint", "push", "--plain-http", archive, ref); err != nil {
+		t.Fatal(err)
 	}
 	tPush := time.Since(t0)
-	digest := regexp.MustCompile(`@(sha256:[0-9a-f]{64})`).FindStringSubmatch(string(out))
-	if digest == nil {
-		t.Fatalf("berthctl push printed no digest:\n%s", out)
+	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(pushed.Digest) {
+		t.Fatalf("berthctl checkpoint push reported no digest: %+v", pushed)
 	}
 
 	// node2: restore from the registry reference
@@ -193,7 +191,7 @@ func TestKubernetesPathGPU(t *testing.T) {
 		if p.cpus != "0" || p.mems != "0" || (p.cgCPUs != "" && p.cgCPUs != "0") || !strings.Contains(p.record, `"exclusive":true`) {
 			t.Errorf("restored container not pinned by berth-nri: spec cpus %q mems %q, cgroup %q, placement %q", p.cpus, p.mems, p.cgCPUs, p.record)
 		}
-		pulled := filepath.Join(dst.CheckpointRoot, ".oci", strings.Replace(digest[1], ":", "-", 1))
+		pulled := filepath.Join(dst.CheckpointRoot, ".oci", strings.Replace(pushed.Digest, ":", "-", 1))
 		if _, err := os.Stat(filepath.Join(pulled, "berth.json")); err != nil {
 			t.Errorf("pulled checkpoint not at %s: %v", pulled, err)
 		}
@@ -248,7 +246,7 @@ func TestKubernetesPathGPU(t *testing.T) {
 		}()
 		pod := criPod(t, ctx, dst, dir, "k8s-driver", "default")
 		rid := k8sGPUContainer(t, ctx, dst, dir, pod, "k8s-driver", "GPU-"+dst.Name+"-0",
-			map[string]string{"berth.dev/restore-from": "oci://" + reg.Addr + "/berth/k8s-infer@" + digest[1]})
+			map[string]string{"berth.dev/restore-from": "oci://" + reg.Addr + "/berth/k8s-infer@" + pushed.Digest})
 		_, err = dst.Crictl(ctx, "start", rid)
 		if err == nil || !strings.Contains(err.Error(), "gpu.driver") || !strings.Contains(err.Error(), "590.10.01") {
 			t.Fatalf("restore onto another GPU driver: %v; want a mismatch naming gpu.driver", err)

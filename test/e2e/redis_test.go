@@ -75,7 +75,7 @@ func TestMigrateRedis(t *testing.T) {
 	}
 
 	out, err := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--from", src.Socket, "--to", dst.Socket,
-		"-n", node.Namespace, "--to-root", dst.CheckpointRoot, "--target-id", moved,
+		"-n", node.Namespace, "--root", dst.CheckpointRoot, "--id", moved,
 		"--work-dir", filepath.Join(src.Dir, "outgoing"), id).CombinedOutput()
 	if err != nil {
 		t.Fatalf("berthctl migrate: %v\n%s", err, out)

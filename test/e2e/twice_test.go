@@ -49,7 +49,7 @@ func TestMigrateThereAndBack(t *testing.T) {
 	}{{n1, n2, ids[0], ids[1]}, {n2, n1, ids[1], ids[2]}}
 	for i, h := range hops {
 		out, err := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--from", h.from.Socket, "--to", h.to.Socket,
-			"-n", node.Namespace, "--to-root", h.to.CheckpointRoot, "--target-id", h.to_id,
+			"-n", node.Namespace, "--root", h.to.CheckpointRoot, "--id", h.to_id,
 			"--work-dir", filepath.Join(h.from.Dir, "outgoing"), h.id).CombinedOutput()
 		if err != nil {
 			t.Fatalf("move %d (%s -> %s): %v\n%s", i+1, h.from.Name, h.to.Name, err, out)

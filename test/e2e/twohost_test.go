@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,8 +58,8 @@ func TestSeparateEnds(t *testing.T) {
 	}
 	t.Log(berthctl("checkpoint", "inspect", "--verify", dir))
 
-	rcv := exec.CommandContext(ctx, c.Berthctl(), "receive", "--listen", "127.0.0.1:0", "--root", dst.CheckpointRoot)
-	stderr, err := rcv.StderrPipe()
+	rcv := exec.CommandContext(ctx, c.Berthctl(), "receive", "--listen", "127.0.0.1:0", "--root", dst.CheckpointRoot, "-o", "json")
+	stdout, err := rcv.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +67,13 @@ func TestSeparateEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rcv.Process.Signal(os.Interrupt); _ = rcv.Wait() })
-	sc := bufio.NewScanner(stderr)
+	sc := bufio.NewScanner(stdout)
 	var addr string
 	if sc.Scan() {
-		// "receiving checkpoints on ADDR into ROOT"
-		if f := strings.Fields(sc.Text()); len(f) > 3 {
-			addr = f[3]
+		// {"event": "listening", "address": ADDR, "root": ROOT}
+		var ev struct{ Event, Address string }
+		if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.Event == "listening" {
+			addr = ev.Address
 		}
 	}
 	if addr == "" {

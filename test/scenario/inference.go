@@ -155,7 +155,7 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 	reached.Wait()
 	fmt.Fprintf(out, "%d sessions streaming, each past token %d: moving %s from %s to %s\n", o.Sessions, o.MoveAfter, o.ID, src.Name, dst.Name)
 	cmdArgs := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--to-root", dst.CheckpointRoot, "--target-id", destID, "--work-dir", filepath.Join(src.Dir, "outgoing"),
+		"--root", dst.CheckpointRoot, "--id", destID, "--work-dir", filepath.Join(src.Dir, "outgoing"),
 		"--log", filepath.Join(dst.Dir, destID+".log")}, o.MigrateArgs...)
 	cmdArgs = append(cmdArgs, o.ID)
 	var buf bytes.Buffer

@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"bytes"
@@ -16,13 +16,15 @@ import (
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
-func init() { subcommands = append(subcommands, labelsCmd) }
-
-func labelsCmd() *cobra.Command {
-	var criuPath, gpuKind, fakeRoot, output string
-	var interval time.Duration
+// Labels is `berthctl labels`.
+func Labels() *cobra.Command {
+	var (
+		nf       nodeFlags
+		file     string
+		interval time.Duration
+	)
 	cmd := &cobra.Command{
-		Use:   "labels [--output FILE] [--interval DURATION]",
+		Use:   "labels [--file FILE] [--interval DURATION] [--gpu none|cuda|fake]",
 		Short: "Write this node's fingerprint as a Node Feature Discovery feature file (berth.dev/* labels)",
 		Long: `labels collects this node's fingerprint (as 'berthctl fingerprint' does) and writes it as a Node
 Feature Discovery local feature file: one berth.dev/NAME=VALUE line per label, short label-safe
@@ -30,7 +32,7 @@ values plus berth.dev/fingerprint, a hash of the fields that must be equal (pack
 documents which labels are exact-match and which are informational). NFD's worker reads the file
 from /etc/kubernetes/node-feature-discovery/features.d/ and labels the node with it.
 
-Without --output the file goes to stdout. With --output it is replaced atomically (a hidden
+Without --file the feature file goes to stdout. With --file it is replaced atomically (a hidden
 temporary file in the same directory, which NFD skips, renamed over FILE) and only when its
 content changed. With --interval it is rewritten every DURATION until the process is stopped; a
 failed round is reported on stderr and the previous file is kept.
@@ -43,10 +45,10 @@ its label left out (selectors that need it then do not match this node).`,
 			if interval < 0 {
 				return fmt.Errorf("--interval %s: must not be negative", interval)
 			}
-			if interval > 0 && output == "" {
-				return errors.New("--interval needs --output")
+			if interval > 0 && file == "" {
+				return errors.New("--interval needs --file")
 			}
-			n, err := openNode(criuPath, gpuKind, fakeRoot)
+			n, err := nf.open()
 			if err != nil {
 				return err
 			}
@@ -56,11 +58,14 @@ its label left out (selectors that need it then do not match this node).`,
 					return err
 				}
 				data := fingerprint.NFDFeatureFile(fp)
-				if output == "" {
+				if file == "" {
 					_, err := cmd.OutOrStdout().Write(data)
 					return err
 				}
-				return writeFileAtomic(output, data, 0o644)
+				if err := writeFileAtomic(file, data, 0o644); err != nil {
+					return fmt.Errorf("--file: %w", err)
+				}
+				return nil
 			}
 			if interval == 0 {
 				return round(cmd.Context())
@@ -83,11 +88,11 @@ its label left out (selectors that need it then do not match this node).`,
 			}
 		},
 	}
-	cmd.Flags().StringVar(&output, "output", "", "feature file to write, e.g. /etc/kubernetes/node-feature-discovery/features.d/berth (default: stdout)")
-	cmd.Flags().DurationVar(&interval, "interval", 0, "rewrite the file every DURATION until stopped (0: once)")
-	cmd.Flags().StringVar(&criuPath, "criu", "", "CRIU binary (default: criu from PATH)")
-	cmd.Flags().StringVar(&gpuKind, "gpu", "none", "GPU backend: none, cuda (NVML and libcuda.so.1) or fake")
-	cmd.Flags().StringVar(&fakeRoot, "fake-gpu-root", "", "the fake GPU node directory (with --gpu fake)")
+	f := cmd.Flags()
+	f.StringVar(&file, "file", "", "feature file to write, e.g. /etc/kubernetes/node-feature-discovery/features.d/berth (default: stdout)")
+	deprecatedAlias(f, &file, "output", "file")
+	f.DurationVar(&interval, "interval", 0, "rewrite the file every DURATION until stopped (0: once)")
+	nf.add(f)
 	return cmd
 }
 

@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ func fakeGPURoot(t *testing.T) string {
 }
 
 func TestLabelsStdout(t *testing.T) {
-	cmd := labelsCmd()
+	cmd := Labels()
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
@@ -77,14 +77,14 @@ func TestLabelsOutputAtomicAndInterval(t *testing.T) {
 	file := filepath.Join(dir, "berth")
 	gpuRoot := fakeGPURoot(t)
 	run := func(ctx context.Context, extra ...string) error {
-		cmd := labelsCmd()
+		cmd := Labels()
 		var out, errOut bytes.Buffer
 		cmd.SetOut(&out)
 		cmd.SetErr(&errOut)
-		cmd.SetArgs(append([]string{"--gpu", "fake", "--fake-gpu-root", gpuRoot, "--output", file}, extra...))
+		cmd.SetArgs(append([]string{"--gpu", "fake", "--fake-gpu-root", gpuRoot, "--file", file}, extra...))
 		err := cmd.ExecuteContext(ctx)
 		if out.Len() != 0 {
-			t.Errorf("with --output, stdout got %q", out.String())
+			t.Errorf("with --file, stdout got %q", out.String())
 		}
 		return err
 	}
@@ -141,14 +141,14 @@ func TestLabelsErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"interval without output", []string{"--interval", "1s"}, "--interval needs --output"},
-		{"negative interval", []string{"--interval", "-1s", "--output", "x"}, "must not be negative"},
+		{"interval without output", []string{"--interval", "1s"}, "--interval needs --file"},
+		{"negative interval", []string{"--interval", "-1s", "--file", "x"}, "must not be negative"},
 		{"bad gpu", []string{"--gpu", "tpu"}, "tpu"},
 		{"fake gpu without root", []string{"--gpu", "fake", "--fake-gpu-root", filepath.Join(t.TempDir(), "none")}, "fake"},
-		{"output dir missing", []string{"--output", filepath.Join(t.TempDir(), "no", "such", "berth")}, "no such file"},
+		{"output dir missing", []string{"--file", filepath.Join(t.TempDir(), "no", "such", "berth")}, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := labelsCmd()
+			cmd := Labels()
 			var out, errOut bytes.Buffer
 			cmd.SetOut(&out)
 			cmd.SetErr(&errOut)

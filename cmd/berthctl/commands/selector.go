@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"archive/tar"
@@ -21,9 +21,9 @@ import (
 // berth.json (berth's own archives have it first; others may not).
 const maxSelectorArchiveEntries = 1 << 17
 
-// checkpointSelectorCmd is `berthctl checkpoint selector`, a subcommand of checkpointCmd.
-func checkpointSelectorCmd() *cobra.Command {
-	var output string
+// CheckpointSelector is `berthctl checkpoint selector`.
+func CheckpointSelector() *cobra.Command {
+	var output *format
 	cmd := &cobra.Command{
 		Use:   "selector [-o yaml|json] DIR|FILE.tar",
 		Short: "Print the nodeSelector a pod restoring this checkpoint needs (berth.dev/* node labels)",
@@ -35,9 +35,6 @@ the hash of the fields that must be equal. Paste it into the restore pod's spec.
 checks the whole fingerprint (CPU flags, CRIU version, GPU memory) when the pod starts.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "yaml" && output != "json" {
-				return fmt.Errorf("output format %q: want yaml or json", output)
-			}
 			m, err := readCheckpointManifest(args[0])
 			if err != nil {
 				return err
@@ -46,7 +43,7 @@ checks the whole fingerprint (CPU flags, CRIU version, GPU memory) when the pod 
 				NodeSelector map[string]string `json:"nodeSelector"`
 			}{fingerprint.Selector(m.Fingerprint)}
 			var out []byte
-			if output == "json" {
+			if output.json() {
 				out, err = json.MarshalIndent(v, "", "  ")
 				out = append(out, '\n')
 			} else {
@@ -59,7 +56,7 @@ checks the whole fingerprint (CPU flags, CRIU version, GPU memory) when the pod 
 			return err
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml or json")
+	output = addFormat(cmd.Flags(), formatYAML, formatJSON)
 	return cmd
 }
 
@@ -67,7 +64,7 @@ checks the whole fingerprint (CPU flags, CRIU version, GPU memory) when the pod 
 func readCheckpointManifest(p string) (*checkpoint.Manifest, error) {
 	info, err := os.Stat(p)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w (a registry reference must be pulled first: berthctl pull REF DIR)", p, err)
+		return nil, fmt.Errorf("checkpoint %s: %w (a registry reference must be pulled first: berthctl checkpoint pull REF DIR)", p, err)
 	}
 	if info.IsDir() {
 		return checkpoint.ReadManifest(p)

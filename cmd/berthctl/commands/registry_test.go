@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"strings"
@@ -26,7 +26,7 @@ func TestRegistryFlagsCredentials(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// the flags as push and pull see them
-			for _, mk := range []func() *cobra.Command{pushCmd, pullCmd} {
+			for _, mk := range []func() *cobra.Command{CheckpointPush, CheckpointPull} {
 				if err := mk().ParseFlags(tc.flags); err != nil && !tc.wantErr {
 					t.Fatal(err)
 				}

@@ -1,30 +1,41 @@
-package main
+package commands
 
 import (
-	"encoding/json"
-
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-
 	"fmt"
 	"io"
 	"os"
 	"text/tabwriter"
 
-	"github.com/berth-dev/berth/cmd/berthctl/move"
-
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/spf13/cobra"
 
+	"github.com/berth-dev/berth/cmd/berthctl/move"
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
-func init() { subcommands = append(subcommands, checkpointCmd) }
+// Checkpoint is `berthctl checkpoint`, the parent of the verbs on checkpoints (create, inspect,
+// selector, push, pull), which main adds.
+func Checkpoint() *cobra.Command {
+	return &cobra.Command{
+		Use:   "checkpoint",
+		Short: "Create, inspect, push and pull berth checkpoints",
+		Long: `A berth checkpoint is a directory (or a tar archive of one): the CRIU images, the writable
+layer's changes, the spec and berth.json, the manifest with every file's digest and the source
+node's fingerprint.`,
+		// runnable, so that an unknown verb is an error (cobra only prints the help of a parent)
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+}
 
-func checkpointCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "checkpoint", Short: "Inspect berth checkpoints"}
-	var output string
-	var verify bool
-	inspect := &cobra.Command{
-		Use:   "inspect DIR",
+// CheckpointInspect is `berthctl checkpoint inspect`.
+func CheckpointInspect() *cobra.Command {
+	var (
+		verify bool
+		output *format
+	)
+	cmd := &cobra.Command{
+		Use:   "inspect [--verify] [-o text|json] DIR",
 		Short: "Show a checkpoint's manifest: container, fingerprint, CRIU statistics, sizes, phases",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -37,37 +48,38 @@ func checkpointCmd() *cobra.Command {
 					return err
 				}
 			}
-			switch output {
-			case "json":
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(m)
-			case "text", "":
-				printManifest(os.Stdout, m, verify)
-				return nil
-			default:
-				return fmt.Errorf("output format %q: want text or json", output)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), m)
 			}
+			printManifest(cmd.OutOrStdout(), m, verify)
+			return nil
 		},
 	}
-	inspect.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
-	inspect.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
-	cmd.AddCommand(inspect, checkpointCreateCmd(), checkpointSelectorCmd())
+	output = addFormat(cmd.Flags(), formatText, formatJSON)
+	cmd.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
 	return cmd
 }
 
-func checkpointCreateCmd() *cobra.Command {
-	var address, ns string
-	var exit bool
+// CheckpointCreate is `berthctl checkpoint create`, on the containerd of g.
+func CheckpointCreate(g *Globals) *cobra.Command {
+	var (
+		exit   bool
+		output *format
+	)
 	cmd := &cobra.Command{
-		Use:   "create --address SOCKET [-n NS] [--exit] CONTAINER DIR",
+		Use:   "create [-a SOCKET] [-n NS] [--exit] [-o text|json] CONTAINER DIR",
 		Short: "Checkpoint a running container (berth runtime) into a new checkpoint directory",
 		Long: `create pauses the task, has berth's shim dump it with CRIU into DIR/checkpoint, saves the
 writable layer's changes, the spec and the manifest, and then resumes the task (leave-running) or,
-with --exit, lets CRIU end it. Send DIR with 'berthctl send' and restore it with 'berthctl restore'.`,
+with --exit, lets CRIU end it. It prints the manifest (-o json: as JSON). Send DIR with
+'berthctl send' and restore it with 'berthctl restore'.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd.Context(), "source", address)
+			ns, err := g.namespace()
+			if err != nil {
+				return err
+			}
+			c, err := connect(cmd.Context(), g.addressFlag(), "source", g.Address)
 			if err != nil {
 				return err
 			}
@@ -79,12 +91,14 @@ with --exit, lets CRIU end it. Send DIR with 'berthctl send' and restore it with
 			if err := src.Resume(namespaces.WithNamespace(cmd.Context(), ns)); err != nil {
 				return fmt.Errorf("checkpoint written to %s, but resuming %s failed: %w", args[1], args[0], err)
 			}
-			printManifest(os.Stdout, src.Manifest, false)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), src.Manifest)
+			}
+			printManifest(cmd.OutOrStdout(), src.Manifest, false)
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&address, "address", "a", "/run/containerd/containerd.sock", "containerd socket")
-	cmd.Flags().StringVarP(&ns, "namespace", "n", "default", "containerd namespace")
+	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	cmd.Flags().BoolVar(&exit, "exit", false, "end the task after the checkpoint instead of resuming it")
 	return cmd
 }
@@ -116,19 +130,4 @@ func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool) {
 	for _, p := range m.Phases {
 		fmt.Fprintf(tw, "phase %s\t%.1f ms\n", p.Name, p.Ms)
 	}
-}
-
-func us(v uint32) float64 { return float64(v) / 1000 }
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -1,7 +1,7 @@
-package main
+package commands
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,15 +15,15 @@ import (
 	"github.com/berth-dev/berth/nri/plugin"
 )
 
-func init() { subcommands = append(subcommands, planCmd, topologyCmd) }
-
-func planCmd() *cobra.Command {
+// Plan is `berthctl plan`.
+func Plan() *cobra.Command {
 	var (
-		topoFile, sysfs, policy, occupied, occupiedCPUs, reserved, output string
-		gpus, cpus                                                        int
+		topoFile, sysfs, policy, occupied, occupiedCPUs, reserved string
+		gpus, cpus                                                int
+		output                                                    *format
 	)
 	cmd := &cobra.Command{
-		Use:   "plan --topology FILE --gpus N [--cpus M] [--policy P] [--occupied 0,3] [-o json]",
+		Use:   "plan --topology FILE --gpus N [--cpus M] [--policy P] [--occupied 0,3] [-o text|json]",
 		Short: "Show where berth-nri would place a container on a node described by `nvidia-smi topo -m` text",
 		Long: "plan reads a node from the text `nvidia-smi topo -m` prints (paste your own) and prints the GPUs,\n" +
 			"CPUs and NUMA nodes berth-nri would give a container, and why. Without --sysfs the CPUs are\n" +
@@ -31,8 +31,13 @@ func planCmd() *cobra.Command {
 			"sysfs tree (this node: /sys). -o json prints the GPU indices, CPU ids and NUMA node ids.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" && output != "text" {
-				return fmt.Errorf("-o %q: want text or json", output)
+			for _, n := range []struct {
+				flag string
+				v    int
+			}{{"--gpus", gpus}, {"--cpus", cpus}} {
+				if n.v < 0 {
+					return fmt.Errorf("%s %d: must not be negative", n.flag, n.v)
+				}
 			}
 			pol, err := alloc.ParsePolicy(policy)
 			if err != nil {
@@ -55,8 +60,8 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), res)
 			}
 			res.WriteText(cmd.OutOrStdout())
 			return nil
@@ -71,21 +76,16 @@ func planCmd() *cobra.Command {
 	f.StringVar(&occupied, "occupied", "", "GPU indices already taken (\"0,3\")")
 	f.StringVar(&occupiedCPUs, "occupied-cpus", "", "CPU ids already held exclusively (\"0-7\")")
 	f.StringVar(&reserved, "reserved-cpus", "", "CPU ids never given exclusively")
-	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	output = addFormat(f, formatText, formatJSON)
 	_ = cmd.MarkFlagRequired("topology")
 	return cmd
 }
 
 // planNode reads the topology file and builds the node berthctl plan works on.
 func planNode(topoFile, sysfs string) (*node.Node, error) {
-	f, err := os.Open(topoFile)
+	t, err := readTopology(topoFile)
 	if err != nil {
-		return nil, fmt.Errorf("--topology: %w", err)
-	}
-	defer f.Close()
-	t, err := topology.Parse(f)
-	if err != nil {
-		return nil, fmt.Errorf("--topology %s: %w", topoFile, err)
+		return nil, err
 	}
 	if sysfs == "" {
 		n, err := node.FromTopology(t)
@@ -101,23 +101,46 @@ func planNode(topoFile, sysfs string) (*node.Node, error) {
 	return n.WithGPUs(t, nil)
 }
 
-func topologyCmd() *cobra.Command {
-	var topoFile, sysfs, source, output string
+// readTopology reads the `nvidia-smi topo -m` text of --topology.
+func readTopology(file string) (*topology.Topology, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("--topology: %w", err)
+	}
+	defer f.Close()
+	t, err := topology.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("--topology %s: %w", file, err)
+	}
+	return t, nil
+}
+
+// Topology is `berthctl topology`.
+func Topology() *cobra.Command {
+	var (
+		topoFile, sysfs, source string
+		output                  *format
+	)
 	cmd := &cobra.Command{
-		Use:   "topology [--topology FILE] [--sysfs /sys] [-o json]",
+		Use:   "topology [--topology FILE] [--sysfs /sys] [-o text|json]",
 		Short: "Show this node's model as berth-nri sees it: CPUs, NUMA nodes, memory, GPUs and their links",
 		Long: "topology builds the node model berth-nri would build: CPUs and NUMA nodes from sysfs, GPUs from\n" +
 			"--topology (`nvidia-smi topo -m` text) or, without it, from NVML when the NVIDIA driver is\n" +
 			"present (--gpu-source). On a machine without GPUs it shows CPUs and NUMA nodes only.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" && output != "text" {
-				return fmt.Errorf("-o %q: want text or json", output)
+			switch {
+			case source != "auto" && source != "file" && source != "nvml" && source != "none":
+				return fmt.Errorf("--gpu-source %q: want auto, file, nvml or none", source)
+			case source == "file" && topoFile == "":
+				return errors.New("--gpu-source file needs --topology")
+			case source == "nvml" && topoFile != "":
+				return errors.New("--gpu-source nvml reads the live node: drop --topology")
 			}
 			cfg := plugin.DefaultConfig()
 			abs, err := filepath.Abs(sysfs)
 			if err != nil {
-				return err
+				return fmt.Errorf("--sysfs %s: %w", sysfs, err)
 			}
 			cfg.SysfsRoot, cfg.TopologyFile, cfg.GPUSource = abs, topoFile, source
 			if topoFile != "" && source == "auto" {
@@ -126,15 +149,23 @@ func topologyCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			// check what the flags name first, so that an error names the flag, not the NRI
+			// plugin's configuration key
+			if _, err := node.ReadSysfs(abs); err != nil {
+				return fmt.Errorf("--sysfs: %w", err)
+			}
+			if topoFile != "" {
+				if _, err := readTopology(topoFile); err != nil {
+					return err
+				}
+			}
 			n, _, err := plugin.LoadNode(cfg)
 			if err != nil {
-				return err
+				return fmt.Errorf("--gpu-source %s: %w", cfg.GPUSource, err)
 			}
 			m := plan.Describe(n)
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(m)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), m)
 			}
 			m.WriteText(cmd.OutOrStdout())
 			return nil
@@ -144,6 +175,6 @@ func topologyCmd() *cobra.Command {
 	f.StringVar(&topoFile, "topology", "", "file with the output of `nvidia-smi topo -m` (default: NVML when present)")
 	f.StringVar(&sysfs, "sysfs", node.DefaultSysfsRoot, "sysfs root")
 	f.StringVar(&source, "gpu-source", "auto", "GPUs from: auto, file, nvml, none")
-	f.StringVarP(&output, "output", "o", "text", "output: text or json")
+	output = addFormat(f, formatText, formatJSON)
 	return cmd
 }

@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"bytes"
@@ -16,10 +16,6 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/registry"
 )
-
-func init() {
-	subcommands = append(subcommands, pushCmd, pullCmd)
-}
 
 // registryFlags are the flags push and pull share: how to reach and authenticate to a registry.
 type registryFlags struct {
@@ -106,15 +102,31 @@ func bytesBar(description string) (registry.Progress, func(ok bool)) {
 	return progress, finish
 }
 
-func pushCmd() *cobra.Command {
-	var rf registryFlags
+// pushResult is what `checkpoint push -o json` prints.
+type pushResult struct {
+	// Source is the pushed directory or archive; Reference the reference pushed to, Digest the
+	// manifest's digest (pull REPOSITORY@DIGEST to get exactly these bytes).
+	Source    string `json:"source"`
+	Reference string `json:"reference"`
+	Digest    string `json:"digest"`
+	// Ms is the push's wall time in milliseconds.
+	Ms float64 `json:"ms"`
+}
+
+// CheckpointPush is `berthctl checkpoint push`.
+func CheckpointPush() *cobra.Command {
+	var (
+		rf     registryFlags
+		output *format
+	)
 	cmd := &cobra.Command{
-		Use:   "push FILE|DIR REF",
+		Use:   "push [-o text|json] FILE|DIR REF",
 		Short: "Push a checkpoint (directory or archive) to an OCI registry as an artifact",
 		Long: `push verifies the checkpoint against its berth.json, then uploads it to REF
 (HOST[:PORT]/REPOSITORY:TAG) as an OCI artifact: berth.json as the config, one layer per file.
 Files the registry already has are skipped, so pushing again after a failure sends only what is
-missing. It prints the pushed reference with its digest; pull that to get exactly these bytes.
+missing. It prints the pushed reference with its digest (-o json: as JSON); pull that to get
+exactly these bytes.
 
 A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export) is signed on the way:
 its CRIU images are verified against the shim's checkpoint/berth.json, and a top-level berth.json
@@ -123,8 +135,8 @@ pushed checkpoint as berth.dev/restore-from: oci://REF (the node's shim config m
 registry in allowed_registries).
 
 Credentials: --username with the password on stdin (--password-stdin), or a Docker config.json.`,
-		Example: `  berthctl push /var/lib/berth/checkpoints/infer-1 127.0.0.1:5000/ckpt/infer:1 --plain-http
-  echo "$PASSWORD" | berthctl push ckpt.tar registry.example:5000/ckpt/infer:1 -u berth --password-stdin`,
+		Example: `  berthctl checkpoint push /var/lib/berth/checkpoints/infer-1 127.0.0.1:5000/ckpt/infer:1 --plain-http
+  echo "$PASSWORD" | berthctl checkpoint push ckpt.tar registry.example:5000/ckpt/infer:1 -u berth --password-stdin`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, ref := args[0], args[1]
@@ -140,30 +152,50 @@ Credentials: --username with the password on stdin (--password-stdin), or a Dock
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pushed %s to %s@%s (%.1f s)\n", src, ref, desc.Digest, time.Since(start).Seconds())
+			wall := time.Since(start)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), pushResult{Source: src, Reference: ref, Digest: desc.Digest.String(), Ms: millis(wall)})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pushed %s to %s@%s (%.1f s)\n", src, ref, desc.Digest, wall.Seconds())
 			return nil
 		},
 	}
+	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	rf.add(cmd.Flags())
 	return cmd
 }
 
-func pullCmd() *cobra.Command {
+// pullResult is what `checkpoint pull -o json` prints.
+type pullResult struct {
+	// Reference is what was pulled, Dir where to.
+	Reference string `json:"reference"`
+	Dir       string `json:"dir"`
+	// Files and Bytes count the checkpoint's files and their bytes (berth.json aside), every one
+	// verified against berth.json.
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+	// Ms is the pull's wall time in milliseconds, verification included.
+	Ms float64 `json:"ms"`
+}
+
+// CheckpointPull is `berthctl checkpoint pull`.
+func CheckpointPull() *cobra.Command {
 	var (
 		rf  registryFlags
 		lim = struct {
 			total, file int64
 			files       int
 		}{}
+		output *format
 	)
 	cmd := &cobra.Command{
-		Use:   "pull REF DIR",
+		Use:   "pull [-o text|json] REF DIR",
 		Short: "Pull a checkpoint from an OCI registry into a new directory, verifying every digest",
 		Long: `pull downloads the checkpoint artifact REF (HOST[:PORT]/REPOSITORY:TAG or ...@sha256:...)
 into DIR, which must not exist. The artifact is checked before DIR is created (media types, file
 names, limits, layers against berth.json), every file's digest while it streams, and the result
 against berth.json at the end. On any failure DIR is removed: nothing half-pulled is left.`,
-		Example: `  berthctl pull 127.0.0.1:5000/ckpt/infer:1 /var/lib/berth/checkpoints/infer-1 --plain-http`,
+		Example: `  berthctl checkpoint pull 127.0.0.1:5000/ckpt/infer:1 /var/lib/berth/checkpoints/infer-1 --plain-http`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref, dir := args[0], args[1]
@@ -184,11 +216,16 @@ against berth.json at the end. On any failure DIR is removed: nothing half-pulle
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pulled %s into %s (%d files, %s, verified; %.1f s)\n",
-				ref, dir, len(m.Files), humanBytes(m.ImageSize), time.Since(start).Seconds())
+			wall := time.Since(start)
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), pullResult{Reference: ref, Dir: dir, Files: len(m.Files), Bytes: m.ImageSize, Ms: millis(wall)})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pulled %s into %s (%d files, %s, verified; %.1f s)\n",
+				ref, dir, len(m.Files), humanBytes(m.ImageSize), wall.Seconds())
 			return nil
 		},
 	}
+	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	rf.add(cmd.Flags())
 	f := cmd.Flags()
 	f.Int64Var(&lim.total, "max-bytes", 0, "refuse a checkpoint whose files add up to more bytes (0: 1 TiB)")

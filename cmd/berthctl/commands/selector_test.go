@@ -1,4 +1,4 @@
-package main
+package commands
 
 import (
 	"archive/tar"
@@ -59,7 +59,7 @@ func checkpointDir(t *testing.T, fp fingerprint.Fingerprint) string {
 
 func runSelector(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := checkpointSelectorCmd()
+	cmd := CheckpointSelector()
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
@@ -183,7 +183,7 @@ func TestCheckpointSelectorErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"missing", []string{filepath.Join(tmp, "nope")}, "berthctl pull"},
+		{"missing", []string{filepath.Join(tmp, "nope")}, "berthctl checkpoint pull"},
 		{"no manifest in archive", []string{noManifest}, "no top-level berth.json"},
 		{"bad manifest", []string{badManifest}, "version 99"},
 		{"gzip", []string{gz}, "gzip"},

@@ -1,0 +1,211 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/spf13/cobra"
+
+	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/transfer"
+)
+
+// DefaultCheckpointRoot is the shim's default checkpoint_root, where receive and restore look
+// (--root).
+const DefaultCheckpointRoot = "/var/lib/berth/checkpoints"
+
+// Migrate is `berthctl migrate`: the source is the containerd of g unless --from names another.
+func Migrate(g *Globals) *cobra.Command {
+	var (
+		from, to, receiver, root, newID, workDir, name, logPath string
+		leaveRunning, keep                                      bool
+		output                                                  *format
+	)
+	cmd := &cobra.Command{
+		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT] [-o text|json] CONTAINER",
+		Short: "Move a running container to another containerd node: checkpoint, send, verify, restore, stop the source",
+		Long: `migrate checkpoints CONTAINER on the source containerd (--from, default the global -a/--address;
+paused while it is dumped and moved), sends the checkpoint over a socket to a receiver that
+verifies it into the destination's checkpoint root, restores it there with the berth runtime as
+--id (default the same id), and only then stops the source (--leave-running keeps it). Without
+--receiver, a receiver is started in this process on 127.0.0.1, writing into --root (the
+destination shim's checkpoint_root). With --receiver HOST:PORT, a 'berthctl receive' already
+running on the destination host is used: the same path across a network.
+
+It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
+checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
+resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
+			ctx := cmd.Context()
+			id := args[0]
+			defer func() {
+				if retErr != nil && !strings.HasPrefix(retErr.Error(), "migrate ") {
+					retErr = fmt.Errorf("migrate %s: %w", id, retErr)
+				}
+			}()
+			if to == "" {
+				return fmt.Errorf("--to is required (the destination containerd socket)")
+			}
+			fromFlag := "--from"
+			if from == "" {
+				from, fromFlag = g.Address, g.addressFlag()
+			}
+			ns, err := g.namespace()
+			if err != nil {
+				return err
+			}
+			if newID == "" {
+				newID = id
+			}
+			src, err := connect(ctx, fromFlag, "source", from)
+			if err != nil {
+				return err
+			}
+			defer src.Close()
+			dst, err := connect(ctx, "--to", "destination", to)
+			if err != nil {
+				return err
+			}
+			defer dst.Close()
+			if err := targetFree(ctx, dst, ns, newID); err != nil {
+				return err
+			}
+			if name == "" {
+				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
+			}
+			if workDir == "" {
+				workDir = filepath.Join(os.TempDir(), "berth-migrate")
+			}
+			if err := os.MkdirAll(workDir, 0o700); err != nil {
+				return fmt.Errorf("--work-dir: %w", err)
+			}
+			addr := receiver
+			if addr == "" {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					return err
+				}
+				defer ln.Close()
+				// The in-process receiver does not fsync: a migration restores the checkpoint at
+				// once, and if anything fails the source is resumed, so the copy never has to
+				// outlive a crash. A standalone `berthctl receive` keeps checkpoints durably.
+				rcv := &transfer.Receiver{Root: root, NoSync: true}
+				go rcv.Serve(ctx, ln) //nolint:errcheck // ends with ln.Close
+				addr = ln.Addr().String()
+			}
+			// dial the receiver before the source is paused: an unreachable destination costs nothing
+			raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return fmt.Errorf("dial receiver %s: %w", addr, err)
+			}
+			defer raw.Close()
+			conn, err := transfer.Handshake(raw) // a wrong or stalled peer is found before the pause
+			if err != nil {
+				return fmt.Errorf("receiver %s: %w", addr, err)
+			}
+			send := func(ctx context.Context, dir, name string) (int64, error) {
+				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name)
+			}
+			res, err := move.Migrate(ctx, move.MigrateOptions{
+				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
+				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
+				Send:         send,
+				LeaveRunning: leaveRunning, LogPath: logPath,
+			})
+			if err != nil {
+				return err
+			}
+			r := newMigrateResult(res)
+			r.Container, r.ID, r.Namespace, r.From, r.To, r.Receiver, r.Checkpoint = id, newID, ns, from, to, addr, name
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), r)
+			}
+			r.writeText(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&from, "from", "", "source containerd socket (default: -a/--address)")
+	f.StringVar(&to, "to", "", "destination containerd socket (required)")
+	f.StringVar(&newID, "id", "", "id of the new container on the destination (default: CONTAINER)")
+	deprecatedAlias(f, &newID, "target-id", "id")
+	f.StringVar(&root, "root", DefaultCheckpointRoot, "destination checkpoint root (the shim's checkpoint_root), for the in-process receiver")
+	deprecatedAlias(f, &root, "to-root", "root")
+	f.StringVar(&receiver, "receiver", "", "HOST:PORT of a 'berthctl receive' on the destination (default: one in this process)")
+	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate)")
+	f.StringVar(&name, "name", "", "checkpoint name in the destination root (default CONTAINER-TIMESTAMP)")
+	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
+	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
+	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
+	output = addFormat(f, formatText, formatJSON)
+	return cmd
+}
+
+// migrateResult is what `berthctl migrate` prints (-o json: as JSON).
+type migrateResult struct {
+	// Container is the source container's id, ID the new container's on the destination.
+	Container string `json:"container"`
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	// From and To are the source's and destination's containerd sockets; Receiver the address
+	// the checkpoint was sent to.
+	From     string `json:"from"`
+	To       string `json:"to"`
+	Receiver string `json:"receiver"`
+	// Checkpoint is the checkpoint's name in the destination's checkpoint root.
+	Checkpoint string `json:"checkpoint"`
+	// Bytes is what was sent to the destination, in bytes.
+	Bytes int64 `json:"bytes"`
+	// Phases are every measured step, in order: the checkpoint's own as checkpoint/NAME (the
+	// shim's as checkpoint/shim/NAME, its GPU steps included), then the move's (checkpoint,
+	// transfer, restore, stop-source or resume-source).
+	Phases []checkpoint.Phase `json:"phases"`
+	// TotalMs is the sum of the move's phases (the checkpoint/... ones are inside "checkpoint").
+	TotalMs float64 `json:"totalMs"`
+	// CRIU is CRIU's dump statistics; GPU the container's GPU state (nil without GPUs).
+	CRIU checkpoint.CRIUStats `json:"criu"`
+	GPU  *checkpoint.GPUState `json:"gpu,omitempty"`
+}
+
+// newMigrateResult gathers the phases and statistics of res; the caller names the rest.
+func newMigrateResult(res *move.MigrateResult) migrateResult {
+	r := migrateResult{Bytes: res.Bytes, Phases: []checkpoint.Phase{}}
+	if m := res.Manifest; m != nil {
+		for _, p := range m.Phases {
+			r.Phases = append(r.Phases, checkpoint.Phase{Name: "checkpoint/" + p.Name, Ms: p.Ms})
+		}
+		r.CRIU, r.GPU = m.CRIU, m.GPU
+	}
+	for _, p := range res.Phases {
+		r.Phases = append(r.Phases, p)
+		r.TotalMs += p.Ms
+	}
+	return r
+}
+
+func (r migrateResult) writeText(w io.Writer) {
+	fmt.Fprintf(w, "migrated %s -> %s as %s (%s sent, checkpoint %s)\n", r.Container, r.To, r.ID, humanBytes(r.Bytes), r.Checkpoint)
+	for _, p := range r.Phases {
+		fmt.Fprintf(w, "  %-32s %9.1f ms\n", p.Name, p.Ms)
+	}
+	fmt.Fprintf(w, "  %-32s %9.1f ms\n", "total", r.TotalMs)
+}
+
+// targetFree returns an error when container id already exists in namespace ns of c: a move or
+// restore under that id would fail only after the checkpoint was taken and sent.
+func targetFree(ctx context.Context, c *containerd.Client, ns, id string) error {
+	if _, err := c.LoadContainer(namespaces.WithNamespace(ctx, ns), id); err == nil {
+		return fmt.Errorf("--id %s: container %s already exists on the destination (namespace %s): remove it or choose another id", id, id, ns)
+	}
+	return nil
+}
