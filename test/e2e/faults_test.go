@@ -596,7 +596,7 @@ func TestFltMigrateFaults(t *testing.T) {
 						// CleanStaging at startup. Clean up so the destination check below and later
 						// tests see the state a fixed receiver would leave.
 						fltKnownBug(t, "a restarted `berthctl receive` kept the killed receiver's staging %v: "+
-							"cmd/berthctl/migrate.go receiveCmd never calls transfer.Receiver.CleanStaging before Serve", left)
+							"cmd/berthctl/commands/transfer.go (receive) never calls transfer.Receiver.CleanStaging before Serve", left)
 						fltNoErr(t, (&transfer.Receiver{Root: dst.CheckpointRoot}).CleanStaging())
 					}
 				}}
