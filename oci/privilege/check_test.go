@@ -447,3 +447,24 @@ func TestCapSet(t *testing.T) {
 		t.Error("empty set String")
 	}
 }
+
+func TestProcessJSONRoundTrip(t *testing.T) {
+	for _, m := range []SeccompMode{SeccompDisabled, SeccompStrict, SeccompFilter, 7} {
+		p := Process{PID: 3, TID: 4, Comm: "w", Seccomp: m, CapAmb: 1 << capSysAdmin, Groups: []uint32{5}}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Process
+		if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, p) {
+			t.Errorf("%s: round trip %s = %+v, %v", m, b, back, err)
+		}
+	}
+	var m SeccompMode
+	if err := m.UnmarshalText([]byte("permissive")); err == nil {
+		t.Error("UnmarshalText(permissive): no error")
+	}
+	if s := (Process{PID: 3, TID: 4, Comm: "w"}).String(); s != "process 3 thread 4 (w)" {
+		t.Errorf("String = %q", s)
+	}
+}

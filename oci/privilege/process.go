@@ -3,6 +3,7 @@ package privilege
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // SeccompMode is a thread's seccomp mode, numbered as the kernel's SECCOMP_MODE_* and CRIU's
@@ -26,6 +27,25 @@ func (m SeccompMode) String() string {
 		return "filter"
 	}
 	return "mode " + strconv.FormatUint(uint64(m), 10)
+}
+
+// MarshalText writes m as String does.
+func (m SeccompMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText reads what MarshalText writes.
+func (m *SeccompMode) UnmarshalText(b []byte) error {
+	for _, v := range []SeccompMode{SeccompDisabled, SeccompStrict, SeccompFilter} {
+		if string(b) == v.String() {
+			*m = v
+			return nil
+		}
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(string(b), "mode "), 10, 32)
+	if err != nil || !strings.HasPrefix(string(b), "mode ") {
+		return fmt.Errorf("unknown seccomp mode %q", b)
+	}
+	*m = SeccompMode(n)
+	return nil
 }
 
 // Process is the credentials of one thread of a checkpointed process, as CRIU recorded them
