@@ -102,7 +102,7 @@ type fileEntry struct {
 }
 
 // walkFiles lists the regular files under root, sorted by path, except the top-level berth.json
-// when it is a regular file. It fails on anything that is neither a regular file nor a directory.
+// and berth.sig when they are regular files. It fails on anything that is neither a regular file nor a directory.
 func walkFiles(root *os.Root) ([]fileEntry, error) {
 	var out []fileEntry
 	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
@@ -117,7 +117,7 @@ func walkFiles(root *os.Root) ([]fileEntry, error) {
 		case t.IsDir():
 			return nil
 		case t.IsRegular():
-			if p == ManifestFile {
+			if p == ManifestFile || p == SignatureFile {
 				return nil
 			}
 			info, err := d.Info()

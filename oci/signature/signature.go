@@ -29,6 +29,8 @@ import (
 	"path/filepath"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/secure-systems-lab/go-securesystemslib/signerverifier"
 )
 
@@ -36,10 +38,10 @@ import (
 const PayloadType = "application/vnd.berth.checkpoint.manifest.v1+json"
 
 // File is the name of the DSSE envelope beside a checkpoint's berth.json.
-const File = "berth.sig"
+const File = checkpoint.SignatureFile
 
-// ManifestFile is the name of the file a signature covers (checkpoint.ManifestFile).
-const ManifestFile = "berth.json"
+// ManifestFile is the name of the file a signature covers.
+const ManifestFile = checkpoint.ManifestFile
 
 // maxEnvelopeBytes bounds a signature file read from a checkpoint, in bytes (a manifest is at
 // most 16 MiB; base64 and a few signatures add a third).

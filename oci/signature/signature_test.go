@@ -168,7 +168,9 @@ func TestVerify(t *testing.T) {
 		{name: "payload swapped, signature kept", signer: node1, verify: node1, wantErr: signature.ErrUntrustedKey,
 			edit: func(t *testing.T, d string) { swapPayload(t, d, `{"version":1,"files":[{}]}`) }},
 		{name: "other payload type", signer: node1, verify: node1, wantErr: signature.ErrBadSignature, wantIn: "payload type",
-			edit: func(t *testing.T, d string) { editEnvelope(t, d, func(e map[string]any) { e["payloadType"] = "text/plain" }) }},
+			edit: func(t *testing.T, d string) {
+				editEnvelope(t, d, func(e map[string]any) { e["payloadType"] = "text/plain" })
+			}},
 		{name: "no signatures", signer: node1, verify: node1, wantErr: signature.ErrUnsigned,
 			edit: func(t *testing.T, d string) { editEnvelope(t, d, func(e map[string]any) { e["signatures"] = []any{} }) }},
 		{name: "not json", signer: node1, verify: node1, wantErr: signature.ErrBadSignature,
