@@ -37,7 +37,7 @@ const (
 )
 
 // DigestDir digests every regular file under dir except the top-level berth manifest
-// (ManifestFile), as the Files of a Manifest.
+// (ManifestFile) and its signature (SignatureFile), as the Files of a Manifest.
 //
 // It returns the files sorted by Path (relative to dir, slash-separated), each with its size in
 // bytes and its "sha256:<hex>" digest, and the sum of their sizes in bytes (the manifest's
