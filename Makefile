@@ -3,8 +3,12 @@ SHELL := /bin/bash
 GO ?= go
 OUT := _output
 GOTEST_FLAGS ?= -count=1 -timeout 40m
+# staticcheck (honnef.co/go/tools): built from the Go module proxy into _output/tools, one
+# directory per version, so a version change installs the new one and an unchanged one is kept.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all deps build demo test bench vet clean gpu-check-bundle
+.PHONY: all deps build demo test bench vet lint clean gpu-check-bundle
 
 all: build
 
@@ -20,8 +24,8 @@ build:
 demo: deps build
 	$(GO) run ./test/cmd/berth-demo
 
-## test: every test, integration tests on the real stack included (needs root)
-test: deps build vet
+## test: go vet, staticcheck and every test, integration tests on the real stack included (needs root)
+test: deps build vet lint
 	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) test $(GOTEST_FLAGS) ./...
 
 ## bench: benchmarks printing ratios measured in one run
@@ -37,6 +41,14 @@ gpu-check-bundle:
 
 vet:
 	$(GO) vet ./...
+
+## lint: staticcheck over every package, tests included (a staticcheck.conf may turn a check off
+## only with the reason written beside it)
+lint: $(STATICCHECK)
+	$(STATICCHECK) ./...
+
+$(STATICCHECK):
+	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 clean:
 	rm -rf $(OUT)/bin

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -27,8 +26,7 @@ type tailDigester struct {
 	stop chan struct{}
 	done chan struct{}
 
-	mu    sync.Mutex
-	files map[string]*tailFile
+	files map[string]*tailFile // only the goroutine uses it until done is closed; then finish
 }
 
 type tailFile struct {

@@ -21,12 +21,12 @@ type lockArgs struct {
 
 // checkpointArgs is CUcheckpointCheckpointArgs (64 bytes, all reserved).
 type checkpointArgs struct {
-	reserved [8]uint64
+	_ [8]uint64 // reserved, must be zero
 }
 
 // unlockArgs is CUcheckpointUnlockArgs (64 bytes, all reserved).
 type unlockArgs struct {
-	reserved [8]uint64
+	_ [8]uint64 // reserved, must be zero
 }
 
 // cuUUID is CUuuid: the 16 bytes of a GPU UUID.

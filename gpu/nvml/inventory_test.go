@@ -75,12 +75,10 @@ func fakeFromFixture(t *testing.T, want *topology.Topology, perSwitch []int, rem
 			}
 		}
 		link := 0
-		if perSwitch != nil {
-			for s, k := range perSwitch {
-				for range k {
-					f.links[i] = append(f.links[i], NVLink{Link: link, RemoteBusID: switchBus(s), Remote: remote})
-					link++
-				}
+		for s, k := range perSwitch {
+			for range k {
+				f.links[i] = append(f.links[i], NVLink{Link: link, RemoteBusID: switchBus(s), Remote: remote})
+				link++
 			}
 		}
 		for j := range n {
@@ -102,7 +100,7 @@ func fakeFromFixture(t *testing.T, want *topology.Topology, perSwitch []int, rem
 
 func parseFixture(t *testing.T, name string) *topology.Topology {
 	t.Helper()
-	fh, err := os.Open(filepath.Join("testdata", name)) // copies of ../shared/fixtures/topologies
+	fh, err := os.Open(filepath.Join("testdata", name)) // copies of ../topology/testdata/topologies
 	if err != nil {
 		t.Fatalf("fixture %s: %v", name, err)
 	}

@@ -10,14 +10,19 @@ import (
 
 // FuzzParse checks that Parse never panics, and that whatever it accepts is a valid Topology
 // that String prints back into the same Topology. Seeds: testdata/fuzz/FuzzParse, the files in
-// testdata/ and the shared fixtures when present.
+// testdata/ and the real fixtures in testdata/topologies (a seed that cannot be read fails).
 func FuzzParse(f *testing.F) {
 	for _, pattern := range []string{"testdata/*.tsv", filepath.Join(fixturesDir, "*")} {
-		paths, _ := filepath.Glob(pattern)
+		paths, err := filepath.Glob(pattern)
+		if err != nil || len(paths) == 0 {
+			f.Fatalf("no seeds match %s: %v", pattern, err)
+		}
 		for _, p := range paths {
-			if b, err := os.ReadFile(p); err == nil {
-				f.Add(b)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				f.Fatal(err)
 			}
+			f.Add(b)
 		}
 	}
 	f.Add([]byte(good))

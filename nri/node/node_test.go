@@ -45,8 +45,14 @@ func TestSyntheticFixtures(t *testing.T) {
 			if err != nil || d.IsDir() {
 				return err
 			}
-			rel, _ := filepath.Rel(tmp, p)
-			want, _ := os.ReadFile(p)
+			rel, err := filepath.Rel(tmp, p)
+			if err != nil {
+				return err
+			}
+			want, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
 			got, err := os.ReadFile(filepath.Join(dir, rel))
 			if err != nil || string(got) != string(want) {
 				t.Errorf("%s/%s differs from the generator (run go test -update): %v", name, rel, err)
@@ -296,21 +302,23 @@ func TestWithGPUs(t *testing.T) {
 	}
 }
 
+// topologies holds the real `nvidia-smi topo -m` fixtures (gpu/topology's corpus).
+const topologies = "../../gpu/topology/testdata/topologies/"
+
 func TestFromTopologyFixtures(t *testing.T) {
 	tests := []struct {
 		file     string
 		cpus     int
 		numa     []int
 		gpuNUMA  map[int][]int
-		wantErr  error
 		cpuInNUM map[int]int
 	}{
-		{file: "../../../shared/fixtures/topologies/05-dgx-h100.tsv", cpus: 224, numa: []int{0, 1},
+		{file: topologies + "05-dgx-h100.tsv", cpus: 224, numa: []int{0, 1},
 			gpuNUMA: map[int][]int{0: {0}, 7: {1}}, cpuInNUM: map[int]int{0: 0, 112: 0, 56: 1, 223: 1}},
-		{file: "../../../shared/fixtures/topologies/01-dgx1-v100.tsv"},
-		{file: "../../../shared/fixtures/topologies/02-8gpu-nvlink-bridge-pairs.tsv"},
-		{file: "../../../shared/fixtures/topologies/07-4xl40s-pcie.tsv"},
-		{file: "../../../shared/fixtures/topologies/08-8x4090-all-sys.tsv"},
+		{file: topologies + "01-dgx1-v100.tsv"},
+		{file: topologies + "02-8gpu-nvlink-bridge-pairs.tsv"},
+		{file: topologies + "07-4xl40s-pcie.tsv"},
+		{file: topologies + "08-8x4090-all-sys.tsv"},
 		{file: "../../gpu/topology/testdata/two-socket-interleaved.tsv", numa: []int{0, 1, 2},
 			gpuNUMA: map[int][]int{2: {0, 1}, 3: {2}}, cpuInNUM: map[int]int{1: 0, 8: 1, 16: 2}},
 		{file: "../../gpu/topology/testdata/one-socket-pcie-switches.tsv", cpus: 32, numa: []int{0}},
@@ -319,7 +327,7 @@ func TestFromTopologyFixtures(t *testing.T) {
 		t.Run(filepath.Base(tt.file), func(t *testing.T) {
 			f, err := os.Open(tt.file)
 			if err != nil {
-				t.Skip(err)
+				t.Fatal(err)
 			}
 			defer f.Close()
 			topo, err := topology.Parse(f)

@@ -13,7 +13,8 @@ import (
 	"github.com/berth-dev/berth/gpu/topology"
 )
 
-const fixturesDir = "../../../shared/fixtures/topologies"
+// fixturesDir holds the real-machine `nvidia-smi topo -m` fixtures (gpu/topology's corpus).
+const fixturesDir = "../../gpu/topology/testdata/topologies"
 
 // ---- brute force: the objective of the package doc, written the plain way ----
 
@@ -246,28 +247,33 @@ var dgx1 = func() [][]topology.Link {
 	return m
 }()
 
-// fixtures returns every shared fixture that parses, plus the topology package's testdata.
+// fixtures returns every real-machine fixture table, plus the topology package's testdata. Each
+// must parse; only the truncated one (PARTIAL in its name) is left out, by name.
 func fixtures(t *testing.T) map[string]*topology.Topology {
 	t.Helper()
 	out := map[string]*topology.Topology{}
 	var paths []string
-	for _, pattern := range []string{filepath.Join(fixturesDir, "*"), "../../gpu/topology/testdata/*.tsv"} {
+	for _, pattern := range []string{filepath.Join(fixturesDir, "*.tsv"), "../../gpu/topology/testdata/*.tsv"} {
 		p, _ := filepath.Glob(pattern)
 		paths = append(paths, p...)
 	}
 	for _, p := range paths {
+		if strings.Contains(filepath.Base(p), "PARTIAL") {
+			continue // truncated in its source: gpu/topology's tests check its error
+		}
 		f, err := os.Open(p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		top, err := topology.Parse(f)
 		f.Close()
-		if err == nil {
-			out["fixture/"+filepath.Base(p)] = top
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
 		}
+		out["fixture/"+filepath.Base(p)] = top
 	}
-	if _, err := os.Stat(fixturesDir); err == nil && len(out) < 5 {
-		t.Fatalf("only %d fixtures parsed", len(out))
+	if len(out) < 7 {
+		t.Fatalf("only %d fixtures (want the 5 real tables and 2 of gpu/topology/testdata)", len(out))
 	}
 	return out
 }
@@ -326,9 +332,6 @@ func TestChooseMatchesBruteForce(t *testing.T) {
 func loadFixture(t *testing.T, name string) *topology.Topology {
 	t.Helper()
 	f, err := os.Open(filepath.Join(fixturesDir, name))
-	if os.IsNotExist(err) {
-		t.Skipf("fixture %s absent", name)
-	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +488,7 @@ func TestChooseErrors(t *testing.T) {
 func BenchmarkChooseH100(b *testing.B) {
 	f, err := os.Open(filepath.Join(fixturesDir, "05-dgx-h100.tsv"))
 	if err != nil {
-		b.Skip(err)
+		b.Fatal(err)
 	}
 	top, err := topology.Parse(f)
 	f.Close()

@@ -59,9 +59,11 @@ func loadedPlugin(tb testing.TB) *plugin.Plugin {
 // TestCreateContainerLatency measures CreateContainer's decision latency (request parsing, the
 // policy decision, the adjustment and the shared-pool updates, everything but the NRI transport)
 // on the DGX H100 model with 200 running containers, for three kinds of request, and prints
-// p50/p99. Each measured container is stopped again (not measured) so the node stays at 200.
-// Target: p99 < 1 ms. The test fails only above 20 ms (a loaded CI machine), so that a slow
-// neighbour does not make it flaky; the numbers are in the log.
+// p50/p99. Each measured container is stopped and removed again (not measured) so the node stays
+// at 200. It fails only when a CreateContainer, StopContainer or RemoveContainer call returns an
+// error; the latencies are printed, never asserted (the target is p99 < 1 ms): these machines are
+// shared and noisy, so speed is shown by BenchmarkCreateContainer and the log, not by a timed
+// assertion.
 func TestCreateContainerLatency(t *testing.T) {
 	p := loadedPlugin(t)
 	ctx := context.Background()
@@ -84,7 +86,9 @@ func TestCreateContainerLatency(t *testing.T) {
 			if _, err := p.StopContainer(ctx, pod, c); err != nil {
 				t.Fatal(err)
 			}
-			_ = p.RemoveContainer(ctx, pod, c)
+			if err := p.RemoveContainer(ctx, pod, c); err != nil {
+				t.Fatal(err)
+			}
 		}
 		p50, p99 := percentile(lat, 50), percentile(lat, 99)
 		t.Logf("CreateContainer, 8 GPUs, 224 CPUs, 200 running, %-24s p50 %8v  p99 %8v", k.name+":", p50, p99)

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"bufio"
 	"errors"
 	"os"
 	"path/filepath"
@@ -23,6 +24,43 @@ func TestContribConfigIsTheDefault(t *testing.T) {
 	got.GPUUUIDs = nil // [] in the file, nil by default
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("contrib/nri/berth-nri.toml = %+v\ndefaults = %+v", got, want)
+	}
+}
+
+// TestContribConfigDocumentsEveryKey: every key of Config is set in contrib/nri/berth-nri.toml,
+// under a comment that says what it does.
+func TestContribConfigDocumentsEveryKey(t *testing.T) {
+	const path = "../../contrib/nri/berth-nri.toml"
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	documented := map[string]bool{} // key -> its block of lines (up to a blank one) has a comment
+	commented := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "":
+			commented = false
+		case strings.HasPrefix(line, "#"):
+			commented = true
+		default:
+			if key, _, ok := strings.Cut(line, "="); ok {
+				documented[strings.TrimSpace(key)] = commented
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeFor[plugin.Config]()
+	for i := range typ.NumField() {
+		key, _, _ := strings.Cut(typ.Field(i).Tag.Get("toml"), ",")
+		if key != "" && key != "-" && !documented[key] {
+			t.Errorf("%s: key %s (Config.%s) is not set under a comment", path, key, typ.Field(i).Name)
+		}
 	}
 }
 

@@ -254,10 +254,3 @@ func validDigest(d string) bool {
 	}
 	return true
 }
-
-func cutPrefix(s, prefix string) (string, bool) {
-	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
-		return s, false
-	}
-	return s[len(prefix):], true
-}

@@ -176,7 +176,10 @@ func TestWriteReadManifest(t *testing.T) {
 	if info.Mode().Perm() != 0o600 {
 		t.Errorf("berth.json mode %v, want 0600", info.Mode().Perm())
 	}
-	entries, _ := os.ReadDir(dir)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range entries {
 		if strings.HasSuffix(e.Name(), ".tmp") {
 			t.Errorf("temporary file left: %s", e.Name())

@@ -15,7 +15,9 @@ import (
 //	<Magic> busy             all its slots are in use; it closes the connection (ErrBusy)
 //	<Magic> refused: <why>   it will not take checkpoints from this peer (ErrRefused)
 const (
-	greeting      = Magic + " ready\n"
+	// Greeting is the line a receiver sends as soon as it accepts a connection, before the
+	// sender sends anything.
+	Greeting      = Magic + " ready\n"
 	busyLine      = Magic + " busy\n"
 	refusedPrefix = Magic + " refused: "
 	// maxGreetingBytes bounds the first line a sender reads, in bytes.
@@ -64,12 +66,14 @@ func Handshake(conn net.Conn) (Greeted, error) {
 	case err != nil:
 		return Greeted{}, fmt.Errorf("%w: no berth receiver greeting from %s within %v: %w (a receiver that requires TLS waits for a TLS handshake)",
 			ErrProtocol, conn.RemoteAddr(), HandshakeTimeout, err)
-	case line == greeting:
+	case line == Greeting:
 		return Greeted{conn}, nil
 	case line == busyLine:
 		return Greeted{}, fmt.Errorf("%w: %s has all its transfer slots in use; try again later", ErrBusy, conn.RemoteAddr())
 	case strings.HasPrefix(line, refusedPrefix):
 		return Greeted{}, fmt.Errorf("%w: %s: %s", ErrRefused, conn.RemoteAddr(), strings.TrimSuffix(line[len(refusedPrefix):], "\n"))
+	case strings.HasPrefix(line, "berth-transfer/"):
+		return Greeted{}, fmt.Errorf("%w: %s is a berth receiver of another protocol version (it sent %q, want %q)", ErrProtocol, conn.RemoteAddr(), line, Greeting)
 	default:
 		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %q)", ErrProtocol, conn.RemoteAddr(), line)
 	}

@@ -469,11 +469,11 @@ func TestHandshakeAnswers(t *testing.T) {
 		want error // nil: greeted
 		text string
 	}{
-		{"ready", greeting, nil, ""},
+		{"ready", Greeting, nil, ""},
 		{"busy", busyLine, ErrBusy, "all its transfer slots in use"},
 		{"refused", refusal("not you\nreally"), ErrRefused, "not you really"},
 		{"another protocol", "SSH-2.0-OpenSSH_9.6\r\n", ErrProtocol, `"SSH-2.0-OpenSSH_9.6\r\n"`},
-		{"other version", "berth-transfer/0 ready\n", ErrProtocol, "not a berth receiver"},
+		{"other version", "berth-transfer/0 ready\n", ErrProtocol, "another protocol version"},
 		{"endless line", strings.Repeat("x", maxGreetingBytes+10), ErrProtocol, "longer than"},
 		{"closes mid-line", Magic, ErrProtocol, "EOF"},
 	}

@@ -317,7 +317,7 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 	}
 	// greet first: a sender learns it reached a berth receiver before it pauses anything
 	_ = conn.SetWriteDeadline(hsDeadline)
-	if _, err := conn.Write([]byte(greeting)); err != nil {
+	if _, err := conn.Write([]byte(Greeting)); err != nil {
 		if time.Now().After(hsDeadline) {
 			err = fmt.Errorf("%w: HandshakeTimeout %v: %w", ErrDeadline, r.handshakeTimeout(), err)
 		}

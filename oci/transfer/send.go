@@ -45,7 +45,8 @@ type Result struct {
 }
 
 // Send sends the checkpoint directory dir to the receiver at the other end of conn, under name,
-// and waits for the receiver's verdict. dir must hold a berth.json (checkpoint.WriteManifest); Send
+// and waits for the receiver's verdict. Unless conn is already Greeted (Handshake), Send first
+// waits for the receiver's greeting, at most HandshakeTimeout. dir must hold a berth.json (checkpoint.WriteManifest); Send
 // checks that it parses but does not verify the files (the receiver does, and says so).
 //
 // progress, if not nil, is called from Send's goroutine as progress(sent, total): total is the
@@ -60,7 +61,7 @@ type Result struct {
 // Errors: ErrInvalidName for a bad name (nothing is sent); checkpoint.ReadManifest's and archive.New's
 // errors for a bad dir (nothing is sent); ErrRejected, wrapped with the receiver's error text,
 // when the receiver refuses the checkpoint (also when it refuses before the stream is out);
-// ErrProtocol for a malformed verdict; ctx.Err() (wrapped) when ctx ended the transfer; conn's
+// ErrProtocol for a missing or wrong greeting (nothing is sent) and for a malformed verdict; ctx.Err() (wrapped) when ctx ended the transfer; conn's
 // I/O error otherwise (for example when the receiver vanished). All wrapped with the name.
 func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(sent, total int64)) (res Result, retErr error) {
 	if err := ValidName(name); err != nil {

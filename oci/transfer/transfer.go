@@ -1,17 +1,27 @@
 // Package transfer moves a berth checkpoint directory from one node to another over a net.Conn:
 // Send on the source node, Receiver on the destination.
 //
-// Protocol (version "berth-transfer/1"), one connection per checkpoint:
+// Protocol (version Magic, "berth-transfer/2"), one connection per checkpoint. The receiver
+// speaks first:
 //
-//  1. sender → receiver: one header line, JSON then "\n":
-//     {"magic":"berth-transfer/1","name":"<name>","totalBytes":<n>,"manifest":"<base64 of berth.json>"}
+//  1. receiver → sender: the greeting line Greeting, "berth-transfer/2 ready\n", as soon as it
+//     accepts the connection. The sender (Handshake) waits for it, at most HandshakeTimeout,
+//     before it sends anything; berthctl migrate waits for it before it pauses the source, so a
+//     peer that is not a berth receiver of this version (another service on the port, a stalled
+//     process, a receiver of another version) costs nothing.
+//  2. sender → receiver: one header line, JSON then "\n":
+//     {"magic":"berth-transfer/2","name":"<name>","totalBytes":<n>,"manifest":"<base64 of berth.json>"}
 //     totalBytes is the exact length of the tar stream that follows, in bytes; manifest is the
 //     checkpoint's berth.json, byte for byte.
-//  2. sender → receiver: the checkpoint as a tar stream (oci/archive), exactly totalBytes long,
+//  3. sender → receiver: the checkpoint as a tar stream (oci/archive), exactly totalBytes long,
 //     berth.json first.
-//  3. receiver → sender: one verdict line, {"ok":true,"path":"<path on the receiver>"} or
+//  4. receiver → sender: one verdict line, {"ok":true,"path":"<path on the receiver>"} or
 //     {"ok":false,"error":"<why>"}. A receiver that refuses early (bad header, existing name)
 //     answers at once and stops reading; the sender watches for that while it streams.
+//
+// In version 1 the sender spoke first and the receiver never greeted. The version changed with
+// the wire: a version 2 receiver refuses a version 1 header by its magic, and a version 2 sender
+// refuses a receiver that sends no greeting, or another version's.
 //
 // The receiver only ever writes verified checkpoints: it extracts into a staging directory,
 // checks the berth.json it received against the header's and every file against the manifest
@@ -34,8 +44,8 @@ import (
 	"strings"
 )
 
-// Magic identifies the protocol and its version in the header line.
-const Magic = "berth-transfer/1"
+// Magic identifies the protocol and its version, in the greeting and in the header line.
+const Magic = "berth-transfer/2"
 
 // MaxNameLen is the longest checkpoint name, in bytes. It leaves room, within a file system's
 // 255-byte name limit, for the receiver's staging name (".incoming-<name>-<16 hex>").

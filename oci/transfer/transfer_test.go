@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"net"
@@ -114,7 +115,10 @@ func assertRootClean(t testing.TB, root string, keep ...string) {
 	}
 	for _, e := range entries {
 		if e.Name() == checkpoint.StampDir { // stamps of received checkpoints: checked below
-			stamps, _ := os.ReadDir(filepath.Join(root, checkpoint.StampDir))
+			stamps, err := os.ReadDir(filepath.Join(root, checkpoint.StampDir))
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, st := range stamps {
 				if !contains(keep, strings.TrimSuffix(st.Name(), ".json")) {
 					t.Errorf("stamp left for a checkpoint that is not there: %s", st.Name())
@@ -150,8 +154,14 @@ func sameTree(t testing.TB, a, b string) {
 	if fmt.Sprint(fa) != fmt.Sprint(fb) {
 		t.Errorf("trees differ:\n%v\n%v", fa, fb)
 	}
-	ma, _ := os.ReadFile(filepath.Join(a, checkpoint.ManifestFile))
-	mb, _ := os.ReadFile(filepath.Join(b, checkpoint.ManifestFile))
+	ma, err := os.ReadFile(filepath.Join(a, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := os.ReadFile(filepath.Join(b, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(ma, mb) {
 		t.Error("berth.json differs")
 	}
@@ -411,6 +421,63 @@ func TestExistingNameRejected(t *testing.T) {
 	wait(t, out)
 }
 
+// TestHandshake: the sender waits for the receiver's greeting before it sends anything, and
+// refuses a peer that sends another version's greeting, something else, or nothing.
+func TestHandshake(t *testing.T) {
+	if !strings.HasPrefix(Greeting, Magic+" ") {
+		t.Fatalf("Greeting %q does not carry the protocol version %q", Greeting, Magic)
+	}
+	old := HandshakeTimeout
+	HandshakeTimeout = 200 * time.Millisecond
+	defer func() { HandshakeTimeout = old }()
+	cases := []struct {
+		name, peer string // what the peer sends; "" nothing
+		inMsg      string // "" when the handshake must succeed
+	}{
+		{"receiver", Greeting, ""},
+		{"version 1 receiver", "berth-transfer/1 ready\n", "another protocol version"},
+		{"another service", "SSH-2.0-OpenSSH_9.6 Debian\r\n", "is not a berth receiver"},
+		{"silent peer", "", "no berth receiver greeting"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := net.Pipe()
+			defer s.Close()
+			defer c.Close()
+			if tc.peer != "" {
+				go func() { _, _ = s.Write([]byte(tc.peer)) }()
+			}
+			g, err := Handshake(c)
+			if tc.inMsg == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if again, err := Handshake(g); err != nil || again != g {
+					t.Fatalf("Handshake on a greeted connection: %v, %v", again, err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), tc.inMsg) {
+				t.Fatalf("Handshake = %v, want ErrProtocol containing %q", err, tc.inMsg)
+			}
+		})
+	}
+	t.Run("receiver greets first", func(t *testing.T) {
+		root := t.TempDir()
+		s, c := net.Pipe()
+		done := make(chan struct{})
+		go func() { _, _ = (&Receiver{Root: root}).Handle(context.Background(), s); s.Close(); close(done) }()
+		buf := make([]byte, len(Greeting))
+		_, err := io.ReadFull(c, buf)
+		c.Close() // the receiver, waiting for a header, fails
+		<-done
+		if err != nil || string(buf) != Greeting {
+			t.Fatalf("receiver's first bytes %q, %v; want %q", buf, err, Greeting)
+		}
+		assertRootClean(t, root)
+	})
+}
+
 func TestHeaderErrors(t *testing.T) {
 	manifest := []byte(`{"version":1,"files":[],"imageSize":0}`)
 	cases := []struct {
@@ -420,6 +487,7 @@ func TestHeaderErrors(t *testing.T) {
 		wantErr error
 	}{
 		{"magic", header{Magic: "berth-transfer/9", Name: "x", TotalBytes: 2048, Manifest: manifest}, archive.Limits{}, ErrProtocol},
+		{"version 1 magic", header{Magic: "berth-transfer/1", Name: "x", TotalBytes: 2048, Manifest: manifest}, archive.Limits{}, ErrProtocol},
 		{"manifest version", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`{"version":2}`)}, archive.Limits{}, checkpoint.ErrUnsupportedVersion},
 		{"manifest garbage", header{Magic: Magic, Name: "x", TotalBytes: 2048, Manifest: []byte(`nope`)}, archive.Limits{}, checkpoint.ErrInvalidManifest},
 		{"total below content", header{Magic: Magic, Name: "x", TotalBytes: 5, Manifest: manifest}, archive.Limits{}, ErrProtocol},

@@ -418,7 +418,7 @@ func benchBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib, round i
 	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
 }
 
-// benchCtr: containerd's own path, as /work/shared/reference/03-ctr-migrate.sh: ctr containers
+// benchCtr: containerd's own path, as the stack notes measured it by hand: ctr containers
 // checkpoint into node1's content store, stop the source (the same id is restored on node2, and
 // the nodes share runc's state root), images export, images import on node2, ctr containers
 // restore --live --rw (the checkpoint names the runtime, runc.v2; the base image is on node2).

@@ -1101,7 +1101,7 @@ func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 				return
 			}
 			if greet {
-				_, _ = conn.Write([]byte(transfer.Magic + " ready\n"))
+				_, _ = conn.Write([]byte(transfer.Greeting))
 			}
 			if stall {
 				mu.Lock()

@@ -1,0 +1,89 @@
+package shim_test
+
+import (
+	"bufio"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/shim"
+)
+
+// contribConfig is the shim configuration berth ships: it documents every key, with its default.
+const contribConfig = "../contrib/berth-shim.toml"
+
+// TestContribConfigIsTheDefault: contrib/berth-shim.toml decodes strictly into Config (LoadConfig
+// refuses unknown keys) and states exactly the defaults.
+func TestContribConfigIsTheDefault(t *testing.T) {
+	if _, err := os.Stat(contribConfig); err != nil {
+		t.Fatal(err) // LoadConfig takes a missing file for the defaults: it must be there
+	}
+	got, err := shim.LoadConfig(contribConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := shim.DefaultConfig()
+	want.Path = contribConfig
+	// [] in the file, nil by default
+	for _, l := range []*[]string{&got.NamespaceMappings, &got.AllowedRegistries, &got.RegistryPlainHTTP} {
+		if *l != nil && len(*l) == 0 {
+			*l = nil
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%s = %+v\ndefaults = %+v", contribConfig, got, want)
+	}
+}
+
+// TestContribConfigDocumentsEveryKey: every key of Config is set in contrib/berth-shim.toml,
+// under a comment that says what it does.
+func TestContribConfigDocumentsEveryKey(t *testing.T) {
+	documented := documentedKeys(t, contribConfig)
+	typ := reflect.TypeFor[shim.Config]()
+	for i := range typ.NumField() {
+		key, _, _ := strings.Cut(typ.Field(i).Tag.Get("toml"), ",")
+		if key == "" || key == "-" {
+			continue
+		}
+		if !documented[key] {
+			t.Errorf("%s: key %s (Config.%s) is not set under a comment", contribConfig, key, typ.Field(i).Name)
+		}
+	}
+}
+
+var keyLine = regexp.MustCompile(`^([a-z0-9_]+)\s*=`)
+
+// documentedKeys returns the keys that path sets at top level whose block (the lines above, up to
+// a blank line) holds a comment.
+func documentedKeys(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	keys := map[string]bool{}
+	commented := false // the current block of non-blank lines has a comment so far
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "":
+			commented = false
+		case strings.HasPrefix(line, "#"):
+			commented = true
+		case strings.HasPrefix(line, "["):
+			t.Fatalf("%s: table %s: the shim's config has no tables", path, line)
+		default:
+			if m := keyLine.FindStringSubmatch(line); m != nil {
+				keys[m[1]] = commented
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
