@@ -37,7 +37,7 @@ const (
 )
 
 // DigestDir digests every regular file under dir except the top-level berth manifest
-// (ManifestFile), as the Files of a Manifest.
+// (ManifestFile) and its signature (SignatureFile), as the Files of a Manifest.
 //
 // It returns the files sorted by Path (relative to dir, slash-separated), each with its size in
 // bytes and its "sha256:<hex>" digest, and the sum of their sizes in bytes (the manifest's
@@ -102,7 +102,7 @@ type fileEntry struct {
 }
 
 // walkFiles lists the regular files under root, sorted by path, except the top-level berth.json
-// when it is a regular file. It fails on anything that is neither a regular file nor a directory.
+// and berth.sig when they are regular files. It fails on anything that is neither a regular file nor a directory.
 func walkFiles(root *os.Root) ([]fileEntry, error) {
 	var out []fileEntry
 	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
@@ -117,7 +117,7 @@ func walkFiles(root *os.Root) ([]fileEntry, error) {
 		case t.IsDir():
 			return nil
 		case t.IsRegular():
-			if p == ManifestFile {
+			if p == ManifestFile || p == SignatureFile {
 				return nil
 			}
 			info, err := d.Info()

@@ -4,6 +4,7 @@ package checkpoint
 // use for CRI checkpoint archives, so the same tools can read it:
 //
 //	berth.json        the berth manifest (Manifest): fingerprint, CRIU statistics, digest of every other file
+//	berth.sig         the signature of berth.json by the node that wrote it (package oci/signature)
 //	checkpoint/       the CRIU image directory (written by runc/CRIU through the shim); it holds its own
 //	                  berth.json written by the shim, covering the CRIU images only
 //	spec.dump         the source container's OCI runtime spec (JSON)
@@ -17,6 +18,9 @@ package checkpoint
 const (
 	// ManifestFile is the file name of the berth manifest, at the top of a checkpoint.
 	ManifestFile = "berth.json"
+	// SignatureFile is the signature of ManifestFile beside it (a DSSE envelope, package
+	// oci/signature). Like ManifestFile it is not listed in the manifest's Files.
+	SignatureFile = "berth.sig"
 	// ImagesDir is the CRIU image directory inside a berth checkpoint directory.
 	ImagesDir = "checkpoint"
 	// SpecFile holds the source container's OCI runtime spec.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/oci/archive"
@@ -31,14 +33,30 @@ const (
 
 	// DefaultIdleTimeout is Receiver.IdleTimeout when zero.
 	DefaultIdleTimeout = time.Minute
+	// DefaultHandshakeTimeout is Receiver.HandshakeTimeout when zero. It is below the senders'
+	// HandshakeTimeout, so that a sender without TLS hears why before it gives up.
+	DefaultHandshakeTimeout = 3 * time.Second
+	// DefaultHeaderTimeout is Receiver.HeaderTimeout when zero. berthctl migrate greets the
+	// receiver, then checkpoints the source, then sends the header: this covers the checkpoint.
+	DefaultHeaderTimeout = 10 * time.Minute
+	// DefaultTransferTimeout is Receiver.TransferTimeout when zero.
+	DefaultTransferTimeout = 30 * time.Minute
 	// DefaultMaxConns is Receiver.MaxConns when zero.
 	DefaultMaxConns = 4
+	// DefaultReserveBytes is Receiver.ReserveBytes when zero, in bytes.
+	DefaultReserveBytes = 1 << 30
 
 	// maxHeaderBytes bounds the header line, in bytes: a base64 manifest of up to
 	// checkpoint.MaxManifestBytes, and room for the rest.
 	maxHeaderBytes = checkpoint.MaxManifestBytes/3*4 + 8<<10
 	// maxErrorText bounds the error text sent back in a verdict, in bytes.
 	maxErrorText = 4 << 10
+	// refusalTimeout bounds writing a busy or refused line, beyond the TLS handshake.
+	refusalTimeout = time.Second
+	// signatureSlack, plus 4/3 of berth.json's size, is how many bytes a stream may extract
+	// beyond what its manifest announces: room for berth.sig (oci/signature), a DSSE envelope
+	// holding the manifest in base64 and a few signatures.
+	signatureSlack = 64 << 10
 	// lingerTime is how long a receiver that refused before the end of the stream keeps reading
 	// (and discarding) it, so the refusal reaches the sender instead of a connection reset.
 	lingerTime = 2 * time.Second
@@ -55,31 +73,84 @@ type Receiver struct {
 	Root string
 	// Limits bound what one transfer may write (zero fields: the archive defaults). The sender
 	// cannot exceed what its header announced either: the announced manifest's ImageSize plus
-	// the size of berth.json caps the bytes extracted.
+	// the size of berth.json, and room for a berth.sig (signatureSlack), cap the bytes extracted.
 	Limits archive.Limits
 	// IdleTimeout is how long a connection may go without the sender sending anything (or
 	// without it reading the verdict) before the transfer fails; 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// MaxConns is how many connections Serve handles at once (more wait in the listener's
-	// backlog); 0 means DefaultMaxConns.
+	// HandshakeTimeout bounds, from the moment a connection is handled, the TLS handshake and
+	// the greeting: a peer that has not completed its TLS handshake by then loses its slot.
+	// 0 means DefaultHandshakeTimeout (3 s).
+	HandshakeTimeout time.Duration
+	// HeaderTimeout bounds, from the greeting, the arrival of the whole header line, however
+	// steadily its bytes trickle in. It must cover the source's checkpoint when the sender greets
+	// before checkpointing (berthctl migrate). 0 means DefaultHeaderTimeout (10 min).
+	HeaderTimeout time.Duration
+	// TransferTimeout bounds a whole connection, from the moment it is handled to the verdict:
+	// handshake, header (with the source's checkpoint, see HeaderTimeout), stream, verification.
+	// A transfer still running then fails with ErrDeadline. 0 means DefaultTransferTimeout
+	// (30 min); raise it for checkpoints that take longer to move.
+	TransferTimeout time.Duration
+	// MaxConns is how many connections Serve handles at once; a connection beyond them is
+	// answered "busy" (the sender gets ErrBusy) and closed. 0 means DefaultMaxConns.
 	MaxConns int
+	// AllowedPeers, if not empty, limits senders to TLS peers whose verified certificate names
+	// one of these, exactly: a DNS, IP or URI subject alternative name, or the subject's common
+	// name. Others are refused after the TLS handshake (ErrPeerNotAllowed; the sender gets
+	// ErrRefused), and so is every plain-TCP peer. Empty: every certificate the CA issued.
+	AllowedPeers []string
+	// FreeBytes returns how many bytes may still be written to the file system that holds
+	// path (the tests inject it). nil means statfs(2) (f_bavail × f_frsize). A transfer whose
+	// announced size does not fit (see ReserveBytes) is refused before anything is written;
+	// an error from FreeBytes refuses the transfer too.
+	FreeBytes func(path string) (uint64, error)
+	// ReserveBytes is the margin, in bytes, that a transfer must leave free on Root's file
+	// system, beyond what the transfers in progress have yet to write. 0 means
+	// DefaultReserveBytes (1 GiB); negative means no margin.
+	ReserveBytes int64
+	// Verify, if not nil, is called on the staging directory once every file matched the
+	// manifest's digests, before the checkpoint is renamed into place (the berthctl wiring:
+	// signature.Policy.Verify). An error refuses the checkpoint: the staging directory is
+	// removed and the sender told why. ctx ends at the TransferTimeout deadline.
+	Verify func(ctx context.Context, dir string) error
 	// NoSync skips fsyncing the received files before they are renamed into place. Leave it
 	// false in production: a crash could otherwise leave a checkpoint in place whose files were
 	// never written to disk. Tests and benchmarks on throwaway directories may set it.
 	NoSync bool
-	// OnDone, if not nil, is called by Serve after each connection, with the peer's address,
-	// the path of the stored checkpoint (empty on failure) and Handle's error.
+	// OnDone, if not nil, is called by Serve after each connection, with the peer (a Peer:
+	// address, and over TLS the verified certificate's subject and names), the path of the
+	// stored checkpoint (empty on failure) and Handle's error (ErrBusy for a connection
+	// answered busy). It may be called from several goroutines at once.
 	OnDone func(remote net.Addr, path string, err error)
 
 	mu       sync.Mutex
-	inFlight map[string]bool // names being received
+	inFlight map[string]*inFlight // names being received
 }
+
+// inFlight is a transfer in progress, for the free-space check of the others.
+type inFlight struct {
+	announced int64        // bytes it may write
+	written   atomic.Int64 // bytes of stream read so far
+}
+
+// Receiver sentinel errors, each wrapped with the values that decided.
+var (
+	// ErrNoSpace: the announced size, plus the margin and what the transfers in progress have
+	// yet to write, exceeds the free space of Root's file system.
+	ErrNoSpace = errors.New("not enough free space for the checkpoint")
+	// ErrDeadline: the connection outlived HandshakeTimeout, HeaderTimeout or TransferTimeout.
+	ErrDeadline = errors.New("transfer deadline exceeded")
+	// ErrPeerNotAllowed: the peer's certificate names none of AllowedPeers, or it has none.
+	ErrPeerNotAllowed = errors.New("peer not allowed")
+)
 
 // Serve accepts connections on ln and handles each (Handle) in its own goroutine, at most
 // MaxConns at a time, until ctx is done; then it closes ln, waits for the running transfers
-// (which ctx also aborts) and returns nil. Each connection is closed after Handle returns, and
-// its outcome reported to OnDone. ln can be any listener (a tls.NewListener for encryption and
-// client authentication).
+// (which ctx also aborts) and returns nil. A connection beyond MaxConns is answered "busy" at
+// once (after its TLS handshake, within HandshakeTimeout) and closed, so a sender never waits
+// in the backlog; beyond MaxConns more of those, it is closed unanswered. Each connection is
+// closed after Handle returns, and its outcome reported to OnDone. ln comes from Listen (TLS
+// between nodes), or is any listener (a tls.NewListener's connections are handled the same).
 //
 // Errors: the listener's Accept error (wrapped), when it fails for another reason than ctx
 // ending it; temporary (timeout) errors are retried.
@@ -94,17 +165,12 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 		maxConns = DefaultMaxConns
 	}
 	slots := make(chan struct{}, maxConns)
+	busy := make(chan struct{}, maxConns) // connections being answered busy
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
 		conn, err := ln.Accept()
 		if err != nil {
-			<-slots
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -114,52 +180,156 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("transfer: accept: %w", err)
 		}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			path, err := r.Handle(ctx, conn)
-			_ = conn.Close()
-			if r.OnDone != nil {
-				r.OnDone(conn.RemoteAddr(), path, err)
-			}
-		})
+		select {
+		case slots <- struct{}{}:
+			wg.Go(func() {
+				path, err := r.Handle(ctx, conn)
+				r.done(conn, path, err, func() { <-slots })
+			})
+			continue
+		default:
+		}
+		select {
+		case busy <- struct{}{}:
+			wg.Go(func() {
+				err := r.answerBusy(ctx, conn, maxConns)
+				r.done(conn, "", err, func() { <-busy })
+			})
+		default:
+			r.done(conn, "", fmt.Errorf("%w: all %d slots in use, and %d busy answers: closed unanswered", ErrBusy, maxConns, maxConns), func() {})
+		}
 	}
+}
+
+// done closes conn, frees its slot (release) and then reports its outcome to OnDone.
+func (r *Receiver) done(conn net.Conn, path string, err error, release func()) {
+	peer := peerOf(conn)
+	_ = conn.Close()
+	release()
+	if r.OnDone != nil {
+		r.OnDone(peer, path, err)
+	}
+}
+
+// answerBusy completes conn's TLS handshake, if any, and answers busy. It returns ErrBusy
+// (wrapped), or the error that kept it from answering.
+func (r *Receiver) answerBusy(ctx context.Context, conn net.Conn, maxConns int) error {
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	if err := r.handshakeTLS(conn, time.Now().Add(r.handshakeTimeout())); err != nil {
+		return err
+	}
+	if err := writeLine(conn, busyLine, refusalTimeout); err != nil {
+		return fmt.Errorf("tell %s the receiver is busy: %w", conn.RemoteAddr(), err)
+	}
+	return fmt.Errorf("%w: all %d slots in use: answered busy", ErrBusy, maxConns)
+}
+
+func (r *Receiver) handshakeTimeout() time.Duration {
+	if r.HandshakeTimeout > 0 {
+		return r.HandshakeTimeout
+	}
+	return DefaultHandshakeTimeout
+}
+
+// handshakeTLS completes conn's TLS handshake by deadline when conn is a *tls.Conn; it does
+// nothing for a plain connection. A peer that sent nothing at all, most likely a berth sender
+// without TLS waiting for the greeting, is told in plain text that TLS is required (over a
+// Listen listener, which records that).
+func (r *Receiver) handshakeTLS(conn net.Conn, deadline time.Time) error {
+	tc, ok := conn.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	_ = conn.SetDeadline(deadline)
+	err := tc.Handshake()
+	_ = conn.SetDeadline(time.Time{})
+	if err == nil {
+		return nil
+	}
+	if wc, ok := tc.NetConn().(*watchedConn); ok && !wc.read.Load() {
+		_ = writeLine(wc, refusal("this receiver requires mutual TLS (give "+TLSFlags+")"), refusalTimeout)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w: TLS handshake with %s not complete within HandshakeTimeout %v: %w", ErrDeadline, conn.RemoteAddr(), r.handshakeTimeout(), err)
+	}
+	return fmt.Errorf("TLS handshake with %s: %w", conn.RemoteAddr(), err)
 }
 
 // Handle receives one checkpoint from conn and answers the sender with the verdict. It returns
 // the absolute path of the stored checkpoint, Root/<name>.
 //
-// Steps: greet the sender (Greeting); read and check the header (magic, name, manifest, sizes);
-// refuse a name that exists under Root or is being received; extract the stream
-// (archive.Extract, with Limits) into a staging directory Root/.incoming-<name>-<random>; check
-// that exactly the announced bytes came and that the berth.json received is the header's; verify
-// every file (checkpoint.Verify); fsync (unless NoSync); rename the staging directory to
-// Root/<name> without replacing anything; fsync Root. On any failure the staging directory is
-// removed, so nothing half-received remains, and the sender is told why.
+// Steps: complete the TLS handshake when conn is a *tls.Conn and check the peer against
+// AllowedPeers (within HandshakeTimeout); greet; read and check the header (magic, name,
+// manifest, sizes; within HeaderTimeout); refuse a name that exists under Root or is being
+// received, and a size that does not fit Root's free space (FreeBytes, ReserveBytes); extract the
+// stream (archive.Extract, with Limits) into a staging directory Root/.incoming-<name>-<random>;
+// check that exactly the announced bytes came and that the berth.json received is the header's;
+// verify every file (checkpoint.Verify); call Verify; fsync (unless NoSync); rename the staging
+// directory to Root/<name> without replacing anything; fsync Root. On any failure the staging
+// directory is removed, so nothing half-received remains, and the sender is told why.
 //
 // conn belongs to the caller, who closes it; Handle closes it only to abort when ctx is done.
-// A sender that stalls for IdleTimeout fails the transfer.
+// A sender that stalls for IdleTimeout fails the transfer, and so does one that takes longer
+// than TransferTimeout in all.
 //
-// Errors: ErrProtocol, ErrInvalidName, ErrExists, checkpoint.ErrUnsupportedVersion,
+// Errors: ErrDeadline, ErrPeerNotAllowed, the TLS handshake's error, ErrProtocol,
+// ErrInvalidName, ErrExists, ErrNoSpace, checkpoint.ErrUnsupportedVersion,
 // checkpoint.ErrInvalidManifest, archive's Err* refusals, oci's verification sentinels
-// (checkpoint.ErrDigestMismatch...), conn's I/O errors (a cut connection: io.ErrUnexpectedEOF or a
-// reset), ctx.Err(), file-system errors under Root; wrapped with the name when known. When the
-// checkpoint was stored but the verdict could not be sent, Handle returns the path and that
-// error.
+// (checkpoint.ErrDigestMismatch...), Verify's error, conn's I/O errors (a cut connection:
+// io.ErrUnexpectedEOF or a reset), ctx.Err(), file-system errors under Root; wrapped with the
+// name when known. When the checkpoint was stored but the verdict could not be sent, Handle
+// returns the path and that error.
 func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
+	start := time.Now()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	idle := r.IdleTimeout
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
-	// greet first: a sender learns it reached a berth receiver before it pauses anything
-	_ = conn.SetWriteDeadline(time.Now().Add(idle))
-	if _, err := conn.Write([]byte(Greeting)); err != nil {
-		return "", fmt.Errorf("greet sender: %w", err)
+	transferTimeout := r.TransferTimeout
+	if transferTimeout <= 0 {
+		transferTimeout = DefaultTransferTimeout
 	}
-	ir := &idleReader{conn: conn, idle: idle}
+	headerTimeout := r.HeaderTimeout
+	if headerTimeout <= 0 {
+		headerTimeout = DefaultHeaderTimeout
+	}
+	deadline := start.Add(transferTimeout)
+	tctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	hsDeadline := start.Add(r.handshakeTimeout())
+	if err := r.handshakeTLS(conn, hsDeadline); err != nil {
+		return "", err
+	}
+	if len(r.AllowedPeers) > 0 {
+		if p := peerOf(conn); !p.allowed(r.AllowedPeers) {
+			who := "a peer without a TLS certificate"
+			if p.Subject != "" || len(p.Names) > 0 {
+				who = fmt.Sprintf("certificate %s (%s)", p.Subject, strings.Join(p.Names, ", "))
+			}
+			_ = writeLine(conn, refusal(who+" is not among this receiver's allowed peers"), refusalTimeout)
+			return "", fmt.Errorf("%w: %s from %s names none of %q", ErrPeerNotAllowed, who, conn.RemoteAddr(), r.AllowedPeers)
+		}
+	}
+	// greet first: a sender learns it reached a berth receiver before it pauses anything
+	_ = conn.SetWriteDeadline(hsDeadline)
+	if _, err := conn.Write([]byte(Greeting)); err != nil {
+		if time.Now().After(hsDeadline) {
+			err = fmt.Errorf("%w: HandshakeTimeout %v: %w", ErrDeadline, r.handshakeTimeout(), err)
+		}
+		return "", fmt.Errorf("greet sender %s: %w", conn.RemoteAddr(), err)
+	}
+	ir := &idleReader{conn: conn, idle: idle,
+		hard: earliest(time.Now().Add(headerTimeout), deadline), limit: fmt.Sprintf("no complete header within HeaderTimeout %v", headerTimeout)}
+	if ir.hard.Equal(deadline) {
+		ir.limit = fmt.Sprintf("no complete header within TransferTimeout %v", transferTimeout)
+	}
 	br := bufio.NewReaderSize(ir, recvBufferSize)
-	path, drained, err := r.receive(br)
+	path, drained, err := r.receive(tctx, br, ir, deadline, transferTimeout)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
@@ -191,12 +361,16 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 }
 
 // receive runs the protocol up to the verdict. drained reports whether the whole stream was
-// read.
-func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr error) {
+// read. ctx ends at the transfer's deadline.
+func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader, deadline time.Time, transferTimeout time.Duration) (path string, drained bool, retErr error) {
+	if b, err := br.Peek(1); err == nil && b[0] == tlsHandshakeRecord {
+		return "", false, fmt.Errorf("%w: the peer started a TLS handshake, but this receiver runs without TLS (give it %s)", ErrProtocol, TLSFlags)
+	}
 	hdr, err := readHeader(br)
 	if err != nil {
 		return "", false, err
 	}
+	ir.hard, ir.limit = deadline, fmt.Sprintf("transfer not complete within TransferTimeout %v", transferTimeout)
 	name := hdr.Name
 	if err := ValidName(name); err != nil {
 		return "", false, err
@@ -211,11 +385,14 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 			name, archive.ErrTotalTooLarge, m.ImageSize, len(hdr.Manifest), lim.MaxTotalBytes)
 	}
 	content := m.ImageSize + int64(len(hdr.Manifest)) // what the stream must extract, in bytes
-	lim.MaxTotalBytes = content
 	if hdr.TotalBytes < content {
 		return "", false, fmt.Errorf("receive %s: %w: stream of %d bytes announced for %d bytes of files",
 			name, ErrProtocol, hdr.TotalBytes, content)
 	}
+	// room for a berth.sig beside berth.json; an extra file of any other name is refused by
+	// the verification
+	// (content + the smaller of the two cannot overflow: it is at most hdr.TotalBytes)
+	lim.MaxTotalBytes = content + min(int64(len(hdr.Manifest))/3*4+signatureSlack, hdr.TotalBytes-content)
 
 	if r.Root == "" {
 		return "", false, fmt.Errorf("receive %s: receiver has no root directory: %w", name, fs.ErrInvalid)
@@ -227,8 +404,11 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
-	if !r.claim(name) {
-		return "", false, fmt.Errorf("receive %s: %w: another transfer of it is running", name, ErrExists)
+	// the stream's length bounds what it writes: tar headers and padding are about what the
+	// file system's block rounding adds
+	slot, err := r.claim(name, hdr.TotalBytes, root)
+	if err != nil {
+		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
 	defer r.release(name)
 	final := filepath.Join(root, name)
@@ -249,13 +429,13 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 		}
 	}()
 
-	cr := &countingReader{r: io.LimitReader(br, hdr.TotalBytes)}
+	cr := &countingReader{r: io.LimitReader(br, hdr.TotalBytes), n: &slot.written}
 	digests, err := archive.ExtractDigests(cr, staging, lim)
 	if err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
-	if cr.n != hdr.TotalBytes {
-		return "", false, fmt.Errorf("receive %s: %w: stream ended after %d of %d bytes", name, ErrProtocol, cr.n, hdr.TotalBytes)
+	if n := cr.n.Load(); n != hdr.TotalBytes {
+		return "", false, fmt.Errorf("receive %s: %w: stream ended after %d of %d bytes", name, ErrProtocol, n, hdr.TotalBytes)
 	}
 	drained = true
 
@@ -270,10 +450,18 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	if err := checkpoint.VerifyDigests(staging, m, digests); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
+	if r.Verify != nil {
+		if err := r.Verify(ctx, staging); err != nil {
+			return "", drained, fmt.Errorf("receive %s: refused by verification: %w", name, err)
+		}
+	}
 	if !r.NoSync {
 		if err := syncTree(staging); err != nil {
 			return "", drained, fmt.Errorf("receive %s: %w", name, err)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", drained, fmt.Errorf("receive %s: %w: not verified within TransferTimeout %v: %w", name, ErrDeadline, transferTimeout, err)
 	}
 	if err := renameNoReplace(staging, final); err != nil {
 		if errors.Is(err, fs.ErrExist) {
@@ -292,18 +480,50 @@ func (r *Receiver) receive(br *bufio.Reader) (path string, drained bool, retErr 
 	return final, drained, nil
 }
 
-// claim marks name as being received; false if it already is.
-func (r *Receiver) claim(name string) bool {
+// tlsHandshakeRecord is the first byte of a TLS connection (a handshake record: ClientHello).
+const tlsHandshakeRecord = 0x16
+
+// claim marks name as being received and reserves announced bytes of root's file system. It
+// fails with ErrExists when name is being received, with ErrNoSpace when announced bytes, what
+// the other transfers have yet to write and the margin exceed the free space, and with
+// FreeBytes's error.
+func (r *Receiver) claim(name string, announced int64, root string) (*inFlight, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.inFlight[name] {
-		return false
+	if r.inFlight[name] != nil {
+		return nil, fmt.Errorf("%w: another transfer of it is running", ErrExists)
+	}
+	free := r.FreeBytes
+	if free == nil {
+		free = statfsFree
+	}
+	avail, err := free(root)
+	if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		return nil, fmt.Errorf("free space of %s: %w", root, err)
+	}
+	if err == nil {
+		margin := r.ReserveBytes
+		if margin == 0 {
+			margin = DefaultReserveBytes
+		}
+		margin = max(margin, 0)
+		var pending int64 // bytes the transfers in progress have yet to write
+		for _, f := range r.inFlight {
+			pending += max(f.announced-f.written.Load(), 0)
+		}
+		// compared in uint64: avail may exceed math.MaxInt64 on no file system today, but the
+		// sum of three non-negative int64s cannot overflow a uint64
+		if need := uint64(announced) + uint64(pending) + uint64(margin); need > avail {
+			return nil, fmt.Errorf("%w: %d bytes announced, %d bytes free on the file system of %s, margin %d bytes, %d bytes still to come for %d transfers in progress",
+				ErrNoSpace, announced, avail, root, margin, pending, len(r.inFlight))
+		}
 	}
 	if r.inFlight == nil {
-		r.inFlight = map[string]bool{}
+		r.inFlight = map[string]*inFlight{}
 	}
-	r.inFlight[name] = true
-	return true
+	f := &inFlight{announced: announced}
+	r.inFlight[name] = f
+	return f, nil
 }
 
 func (r *Receiver) release(name string) {
@@ -387,34 +607,49 @@ func syncTree(dir string) error {
 	})
 }
 
-// idleReader reads from conn, failing a read that waits longer than idle. It remembers the
-// first read error (end of stream included).
+// idleReader reads from conn, failing a read that waits longer than idle or past hard (an
+// absolute deadline, reported as ErrDeadline with limit). It remembers the first read error
+// (end of stream included).
 type idleReader struct {
-	conn net.Conn
-	idle time.Duration
-	err  error
+	conn  net.Conn
+	idle  time.Duration
+	hard  time.Time
+	limit string
+	err   error
 }
 
 func (r *idleReader) Read(p []byte) (int, error) {
-	if err := r.conn.SetReadDeadline(time.Now().Add(r.idle)); err != nil {
+	if err := r.conn.SetReadDeadline(earliest(time.Now().Add(r.idle), r.hard)); err != nil {
 		r.err = err
 		return 0, err
 	}
 	n, err := r.conn.Read(p)
+	var ne net.Error
+	if err != nil && errors.As(err, &ne) && ne.Timeout() && !time.Now().Before(r.hard) {
+		err = fmt.Errorf("%w: %s: %w", ErrDeadline, r.limit, err)
+	}
 	if err != nil && r.err == nil {
 		r.err = err
 	}
 	return n, err
 }
 
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // countingReader counts the bytes read through it.
 type countingReader struct {
 	r io.Reader
-	n int64
+	n *atomic.Int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }

@@ -28,8 +28,10 @@
 // (checkpoint.Verify), and only then renames the staging directory into place. It never restores
 // anything.
 //
-// There is no authentication and no encryption: the protocol trusts the network. Run it over a
-// trusted network, or hand Send a *tls.Conn and Serve a tls.NewListener.
+// Between nodes the protocol runs over mutual TLS (TLS 1.3): both ends present a
+// certificate of the cluster's CA (TLSFiles, ServerTLS, ClientTLS) and Listen and Dial refuse
+// plain TCP except on loopback. Before greeting, a receiver may instead answer one line,
+// "<magic> busy" (all slots in use: ErrBusy) or "<magic> refused: <why>" (ErrRefused).
 //
 // What belongs here: the wire protocol and the receiving side's file handling. What does not:
 // the tar format (oci/archive), manifests and digests (oci), progress display (the CLI: Send only
@@ -37,13 +39,9 @@
 package transfer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"time"
 )
 
 // Magic identifies the protocol and its version, in the greeting and in the header line.
@@ -109,39 +107,4 @@ func ValidName(name string) error {
 		}
 	}
 	return nil
-}
-
-// Greeting is the line a receiver sends as soon as it accepts a connection, before the sender
-// sends anything.
-const Greeting = Magic + " ready\n"
-
-// HandshakeTimeout bounds how long Handshake waits for a receiver's greeting.
-var HandshakeTimeout = 5 * time.Second
-
-// Greeted is a connection whose receiver has greeted (Handshake); Send does not wait for the
-// greeting again.
-type Greeted struct{ net.Conn }
-
-// Handshake waits for a berth receiver's greeting on conn (at most HandshakeTimeout) and returns
-// the connection marked as greeted. Call it right after dialing and before anything is paused or
-// checkpointed: a peer that is not a berth receiver (another service on that port, a stalled
-// process) is found in seconds. Errors wrap ErrProtocol and quote what the peer sent, or the
-// read error (a timeout when it sent nothing).
-func Handshake(conn net.Conn) (Greeted, error) {
-	if g, ok := conn.(Greeted); ok {
-		return g, nil
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(HandshakeTimeout))
-	defer conn.SetReadDeadline(time.Time{})
-	buf := make([]byte, len(Greeting))
-	if _, err := io.ReadFull(conn, buf); err != nil {
-		return Greeted{}, fmt.Errorf("%w: no berth receiver greeting from %s within %v: %v", ErrProtocol, conn.RemoteAddr(), HandshakeTimeout, err)
-	}
-	if string(buf) != Greeting {
-		if bytes.HasPrefix(buf, []byte("berth-transfer/")) {
-			return Greeted{}, fmt.Errorf("%w: %s is a berth receiver of another protocol version (it sent %q, want %q)", ErrProtocol, conn.RemoteAddr(), buf, Greeting)
-		}
-		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %q)", ErrProtocol, conn.RemoteAddr(), buf)
-	}
-	return Greeted{conn}, nil
 }

@@ -1,0 +1,340 @@
+package criu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+
+	"github.com/berth-dev/berth/oci/privilege"
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/magic"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// ErrBadImage is wrapped by ReadProcesses's errors for an image file that is not what CRIU
+// writes: wrong magic, an entry larger than the file, a file over its size limit, a missing
+// or duplicated thread, a thread without credentials.
+var ErrBadImage = errors.New("malformed criu image")
+
+// Limits on what ReadProcesses reads from an images directory that may be hostile. CRIU's
+// core-<tid>.img is a few KiB (registers, FPU state, signal actions); pstree.img holds a few
+// bytes per process and thread. Each file is read whole into memory, one at a time.
+const (
+	maxPstreeImage = 4 << 20
+	maxCoreImage   = 1 << 20
+	// maxThreads bounds the threads of all processes together.
+	maxThreads = 1 << 16
+)
+
+// CRIU's image names and magics (images/magic.h), and the task state of a zombie
+// (compel's COMPEL_TASK_DEAD, core_entry.tc.task_state).
+const (
+	pstreeImage    = "pstree.img"
+	pstreeMagic    = "PSTREE"
+	coreMagic      = "CORE"
+	taskStateDead  = 2
+	capWordsPerSet = 2 // CRIU's CR_CAP_SIZE: a capability set is two u32 words, low word first
+)
+
+var imgMagic = magic.LoadMagic()
+
+// ReadProcesses reads the credentials of every thread of every process in a CRIU images
+// directory: the process tree from pstree.img, and for each thread its core-<tid>.img
+// (thread_core.creds and thread_core.seccomp_mode, as CRIU 4.x writes them), decoded into
+// go-criu's crit bindings (crit/images/pstree, crit/images/criu-core). Processes come in
+// pstree order, each main thread first; zombies (task state dead: CRIU restores them as
+// exited processes that run no code) are left out.
+//
+// A thread whose image lacks no_new_privs or cap_amb (a CRIU that did not record them) reads
+// as without them; one without a per-thread seccomp mode takes its process's (older CRIU kept
+// one per process, task_core.old_seccomp_mode). A creds field this reader does not know is an
+// error.
+//
+// Each file must be a regular file within its size limit (pstree 4 MiB, core 1 MiB) and hold
+// well-formed entries; the tree at most 65536 threads. Errors name the file; a missing file
+// matches fs.ErrNotExist, a malformed one ErrBadImage.
+func ReadProcesses(imagesDir string) ([]privilege.Process, error) {
+	return readProcesses(func(name string, limit int64) ([]byte, error) {
+		return readImageFile(filepath.Join(imagesDir, name), limit)
+	})
+}
+
+// readProcesses is ReadProcesses over read, which returns the bytes of image file name (at
+// most limit of them) or an error naming it.
+func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privilege.Process, error) {
+	b, err := read(pstreeImage, maxPstreeImage)
+	if err != nil {
+		return nil, fmt.Errorf("criu: read processes: %w", err)
+	}
+	entries, err := decodeImage(pstreeImage, b, pstreeMagic, maxThreads, &pstree.PstreeEntry{})
+	if err != nil {
+		return nil, fmt.Errorf("criu: read processes: %w", err)
+	}
+	// The tree first, before any core is read: every process among its own threads, no
+	// thread twice, not too many. Each process's main thread comes first: its core holds the
+	// process's state and name.
+	type process struct {
+		pid     uint32
+		threads []uint32
+	}
+	var procs []process
+	seen := map[uint32]bool{}
+	for _, m := range entries {
+		e := m.(*pstree.PstreeEntry)
+		pid, threads := e.GetPid(), e.GetThreads()
+		if pid == 0 || !slices.Contains(threads, pid) {
+			return nil, fmt.Errorf("criu: read processes: %s: %w: process %d has threads %v, without itself",
+				pstreeImage, ErrBadImage, pid, threads)
+		}
+		for _, tid := range threads {
+			if seen[tid] {
+				return nil, fmt.Errorf("criu: read processes: %s: %w: thread %d listed twice", pstreeImage, ErrBadImage, tid)
+			}
+			if seen[tid] = true; len(seen) > maxThreads {
+				return nil, fmt.Errorf("criu: read processes: %s: %w: more than %d threads", pstreeImage, ErrBadImage, maxThreads)
+			}
+		}
+		order := append([]uint32{pid}, slices.DeleteFunc(slices.Clone(threads), func(t uint32) bool { return t == pid })...)
+		procs = append(procs, process{pid, order})
+	}
+
+	var out []privilege.Process
+	for _, proc := range procs {
+		var leader *criucore.CoreEntry
+		for _, tid := range proc.threads {
+			name := fmt.Sprintf("core-%d.img", tid)
+			b, err := read(name, maxCoreImage)
+			if err != nil {
+				return nil, fmt.Errorf("criu: read processes: %w", err)
+			}
+			cores, err := decodeImage(name, b, coreMagic, 1, &criucore.CoreEntry{})
+			if err != nil {
+				return nil, fmt.Errorf("criu: read processes: %w", err)
+			}
+			if len(cores) != 1 {
+				return nil, fmt.Errorf("criu: read processes: %s: %w: %d entries, want 1", name, ErrBadImage, len(cores))
+			}
+			core := cores[0].(*criucore.CoreEntry)
+			if tid == proc.pid {
+				leader = core
+				if core.GetTc() == nil {
+					return nil, fmt.Errorf("criu: read processes: %s: %w: main thread without task core", name, ErrBadImage)
+				}
+				if core.GetTc().GetTaskState() == taskStateDead {
+					break // a zombie: CRIU restores it as exited, its threads are not restored
+				}
+			}
+			p, err := fromCore(name, int(proc.pid), int(tid), core, leader)
+			if err != nil {
+				return nil, fmt.Errorf("criu: read processes: %w", err)
+			}
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// fromCore returns the credentials of thread tid of process pid from its core entry (and
+// its process's main thread's, for the name and a per-process seccomp mode).
+func fromCore(name string, pid, tid int, core, leader *criucore.CoreEntry) (privilege.Process, error) {
+	tc := core.GetThreadCore()
+	c := tc.GetCreds()
+	if c == nil {
+		return privilege.Process{}, fmt.Errorf("%s: %w: thread %d has no credentials", name, ErrBadImage, tid)
+	}
+	p := privilege.Process{
+		PID: pid, TID: tid, Comm: tc.GetComm(),
+		UID: c.GetUid(), EUID: c.GetEuid(), SUID: c.GetSuid(), FSUID: c.GetFsuid(),
+		GID: c.GetGid(), EGID: c.GetEgid(), SGID: c.GetSgid(), FSGID: c.GetFsgid(),
+		Groups:     slices.Clone(c.GetGroups()),
+		Securebits: c.GetSecbits(),
+		LSMProfile: c.GetLsmProfile(),
+		Seccomp:    privilege.SeccompMode(tc.GetSeccompMode()),
+	}
+	if p.Comm == "" {
+		p.Comm = leader.GetTc().GetComm()
+	}
+	if tc.SeccompMode == nil {
+		p.Seccomp = privilege.SeccompMode(leader.GetTc().GetOldSeccompMode())
+	}
+	var err error
+	for _, s := range []struct {
+		field string
+		words []uint32
+		set   *privilege.CapSet
+	}{
+		{"cap_eff", c.GetCapEff(), &p.CapEff},
+		{"cap_prm", c.GetCapPrm(), &p.CapPrm},
+		{"cap_inh", c.GetCapInh(), &p.CapInh},
+		{"cap_bnd", c.GetCapBnd(), &p.CapBnd},
+	} {
+		if *s.set, err = capSet(s.words); err != nil {
+			return privilege.Process{}, fmt.Errorf("%s: %w: thread %d %s: %w", name, ErrBadImage, tid, s.field, err)
+		}
+	}
+	nnp, amb, err := credsTail(c.ProtoReflect().GetUnknown())
+	if err != nil {
+		return privilege.Process{}, fmt.Errorf("%s: %w: thread %d creds: %w", name, ErrBadImage, tid, err)
+	}
+	p.NoNewPrivs = nnp
+	if p.CapAmb, err = capSet(amb); err != nil {
+		return privilege.Process{}, fmt.Errorf("%s: %w: thread %d cap_amb: %w", name, ErrBadImage, tid, err)
+	}
+	return p, nil
+}
+
+// capSet converts CRIU's words (low word first) to a set. Words past the second must be 0.
+func capSet(words []uint32) (privilege.CapSet, error) {
+	var s privilege.CapSet
+	for i, w := range words {
+		if i >= capWordsPerSet {
+			if w != 0 {
+				return 0, fmt.Errorf("capability bits %#x in word %d, past capability 63", w, i)
+			}
+			continue
+		}
+		s |= privilege.CapSet(w) << (32 * i)
+	}
+	return s, nil
+}
+
+// credsTailDesc describes the creds_entry fields CRIU 4.x writes that go-criu v7's
+// creds.proto predates (CRIU 4.2.1 images/creds.proto: "optional uint32 no_new_privs = 18;
+// repeated uint32 cap_amb = 19;"). go-criu keeps them as unknown fields of its CredsEntry and
+// the protobuf runtime decodes those against this descriptor. (go-criu v8 has the fields but
+// registers the same proto files as v7, whose rpc and stats this package links.)
+var credsTailDesc = func() protoreflect.MessageDescriptor {
+	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
+		Name:    proto.String("berth/criu/creds_tail.proto"),
+		Package: proto.String("berth.criu"),
+		Syntax:  proto.String("proto2"),
+		MessageType: []*descriptorpb.DescriptorProto{{
+			Name: proto.String("creds_tail"),
+			Field: []*descriptorpb.FieldDescriptorProto{
+				{Name: proto.String("no_new_privs"), Number: proto.Int32(18),
+					Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_UINT32.Enum()},
+				{Name: proto.String("cap_amb"), Number: proto.Int32(19),
+					Label: descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_UINT32.Enum()},
+			},
+		}},
+	}, nil)
+	if err != nil {
+		panic("criu: creds_tail descriptor: " + err.Error()) // a constant; covered by every test
+	}
+	return fd.Messages().Get(0)
+}()
+
+// credsTail decodes no_new_privs and cap_amb from a CredsEntry's unknown fields. Any other
+// unknown field is an error: a CRIU newer than this reader may record credentials it would
+// restore and this reader would not check.
+func credsTail(unknown []byte) (nnp bool, amb []uint32, err error) {
+	if len(unknown) == 0 {
+		return false, nil, nil
+	}
+	m := dynamicpb.NewMessage(credsTailDesc)
+	if err := proto.Unmarshal(unknown, m); err != nil {
+		return false, nil, err
+	}
+	// Anything left is a field neither go-criu nor this reader knows, or one of the two with
+	// another wire type: credentials this reader cannot account for.
+	if rest := m.ProtoReflect().GetUnknown(); len(rest) > 0 {
+		num, typ, _ := protowire.ConsumeTag(rest)
+		return false, nil, fmt.Errorf("creds field %d (wire type %d) not understood", num, typ)
+	}
+	fields := credsTailDesc.Fields()
+	nnp = m.Get(fields.ByNumber(18)).Uint() != 0
+	list := m.Get(fields.ByNumber(19)).List()
+	for i := range list.Len() {
+		amb = append(amb, uint32(list.Get(i).Uint()))
+	}
+	return nnp, amb, nil
+}
+
+// readImageFile reads image file path, at most limit bytes: it must be a regular file (not a
+// link, FIFO or device, which could block or never end).
+func readImageFile(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("%s: %w: a symbolic link", path, ErrBadImage)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrBadImage, st.Mode().Type())
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s: %w: %d bytes, over the limit of %d", path, ErrBadImage, st.Size(), limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: %w: grew over the limit of %d bytes while read", path, ErrBadImage, limit)
+	}
+	return b, nil
+}
+
+// decodeImage decodes image file name's bytes b, which must carry magic want and at most
+// maxEntries entries, each into a new message of entry's type (go-criu's crit bindings).
+//
+// The layout is CRIU's (images/magic.h, criu/protobuf.c) and go-criu crit's: one or two
+// 4-byte little-endian magics, then entries, each a 4-byte little-endian size and that many
+// bytes of protobuf. The sizes are checked against the bytes left before anything is
+// decoded. (crit.New(...).Decode reads the same layout but allocates whatever size an entry
+// claims before reading it, picks a decoder by the file's magic, and its package cannot be
+// linked beside go-criu v7's stats package, which stats.go uses: both register stats_entry,
+// and the protobuf runtime panics at start.)
+func decodeImage(name string, b []byte, want string, maxEntries int, entry proto.Message) ([]proto.Message, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%s: %w: %d bytes, shorter than a magic", name, ErrBadImage, len(b))
+	}
+	off, m := 4, uint64(binary.LittleEndian.Uint32(b))
+	if m == imgMagic.ByName["IMG_COMMON"] || m == imgMagic.ByName["IMG_SERVICE"] {
+		if len(b) < 8 {
+			return nil, fmt.Errorf("%s: %w: %d bytes, shorter than two magics", name, ErrBadImage, len(b))
+		}
+		off, m = 8, uint64(binary.LittleEndian.Uint32(b[4:]))
+	}
+	if m != imgMagic.ByName[want] {
+		return nil, fmt.Errorf("%s: %w: magic %#x, want %s (%#x)", name, ErrBadImage, m, want, imgMagic.ByName[want])
+	}
+	var out []proto.Message
+	for off < len(b) {
+		if len(out) == maxEntries {
+			return nil, fmt.Errorf("%s: %w: more than %d entries", name, ErrBadImage, maxEntries)
+		}
+		if len(b)-off < 4 {
+			return nil, fmt.Errorf("%s: %w: %d stray bytes at offset %d", name, ErrBadImage, len(b)-off, off)
+		}
+		size := binary.LittleEndian.Uint32(b[off:])
+		if uint64(size) > uint64(len(b)-off-4) {
+			return nil, fmt.Errorf("%s: %w: entry of %d bytes at offset %d, file holds %d more",
+				name, ErrBadImage, size, off, len(b)-off-4)
+		}
+		msg := entry.ProtoReflect().New().Interface()
+		if err := proto.Unmarshal(b[off+4:off+4+int(size)], msg); err != nil {
+			return nil, fmt.Errorf("%s: %w: entry %d at offset %d: %w", name, ErrBadImage, len(out), off, err)
+		}
+		out = append(out, msg)
+		off += 4 + int(size)
+	}
+	return out, nil
+}

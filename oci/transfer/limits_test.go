@@ -1,0 +1,497 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/signature"
+)
+
+// wire returns dir's header line (as name) and tar stream, as Send would write them.
+func wire(t testing.TB, dir, name string) (line, stream []byte) {
+	t.Helper()
+	a, err := archive.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err = json.Marshal(header{Magic: Magic, Name: name, TotalBytes: a.Size(), Manifest: raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := a.WriteTo(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return append(line, '\n'), buf.Bytes()
+}
+
+// trickle writes data to conn one byte every interval until it is all out, the connection
+// fails or stop is closed.
+func trickle(conn net.Conn, data []byte, interval time.Duration, stop <-chan struct{}) {
+	for _, b := range data {
+		select {
+		case <-stop:
+			return
+		case <-time.After(interval):
+		}
+		if _, err := conn.Write([]byte{b}); err != nil {
+			return
+		}
+	}
+}
+
+// sendRetryingBusy sends dir as name, trying again after each ErrBusy; any other error fails
+// the test. It returns how many times the receiver answered busy.
+func sendRetryingBusy(t *testing.T, addr string, cfg *tls.Config, dir, name string) int {
+	t.Helper()
+	for busy := 0; ; busy++ {
+		_, err := sendTo(t, addr, cfg, dir, name)
+		if err == nil {
+			return busy
+		}
+		if !errors.Is(err, ErrBusy) {
+			t.Fatalf("send (after %d busy answers): %v", busy, err)
+		}
+		if busy > 1000 {
+			t.Fatalf("still busy after %d tries: %v", busy, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBusy: a connection beyond MaxConns is answered busy at once, over plain TCP and TLS,
+// instead of waiting in the listener's backlog.
+func TestBusy(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 64<<10)
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
+	for _, withTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
+			var srv, cli *tls.Config
+			if withTLS {
+				srv, cli = serverTLS(t, recvFiles), clientTLS(t, sendFiles)
+			}
+			root := t.TempDir()
+			addr, out := serve(t, &Receiver{Root: root, NoSync: true, MaxConns: 1}, srv)
+
+			holder, err := Dial(context.Background(), addr, cli) // takes the only slot, sends nothing
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Dial(context.Background(), addr, cli)
+			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), addr) {
+				t.Fatalf("second sender: %v; want ErrBusy naming %s", err, addr)
+			}
+			d := next(t, out)
+			if !errors.Is(d.err, ErrBusy) {
+				t.Errorf("receiver: %v, want ErrBusy", d.err)
+			}
+			if withTLS && !strings.Contains(d.peer.String(), "CN=node-b") {
+				t.Errorf("busy peer %v: want its identity", d.peer)
+			}
+			// Send reports busy the same way.
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if withTLS {
+				c := cli.Clone()
+				c.ServerName = "localhost"
+				conn = tls.Client(conn, c)
+			}
+			if _, err := Send(context.Background(), conn, src, "x", nil); !errors.Is(err, ErrBusy) {
+				t.Errorf("Send to a busy receiver: %v", err)
+			}
+			conn.Close()
+			next(t, out)
+
+			holder.Close()
+			if d := next(t, out); d.err == nil {
+				t.Error("holder: no error for a connection closed before its header")
+			}
+			if _, err := sendTo(t, addr, cli, src, "after"); err != nil {
+				t.Fatalf("after the slot was freed: %v", err)
+			}
+			if d := next(t, out); d.err != nil {
+				t.Fatal(d.err)
+			}
+			assertRootClean(t, root, "after")
+		})
+	}
+}
+
+// TestSlowPeers: four peers that trickle one byte every 100 ms hold every slot only until
+// their handshake or header deadline; a real sender meanwhile gets busy answers, never hangs,
+// and then gets through.
+func TestSlowPeers(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 256<<10)
+	line, _ := wire(t, src, "slow")
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
+	for _, withTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
+			var srv, cli *tls.Config
+			if withTLS {
+				srv, cli = serverTLS(t, recvFiles), clientTLS(t, sendFiles)
+			}
+			root := t.TempDir()
+			r := &Receiver{Root: root, NoSync: true, MaxConns: 4, IdleTimeout: time.Minute,
+				HandshakeTimeout: 300 * time.Millisecond, HeaderTimeout: 600 * time.Millisecond}
+			addr, out := serve(t, r, srv)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			t.Cleanup(func() { close(stop); wg.Wait() })
+			for i := range 4 {
+				var conn net.Conn
+				var err error
+				var data []byte
+				if withTLS && i%2 == 0 {
+					// never completes its TLS handshake: a ClientHello one byte at a time
+					conn, err = net.Dial("tcp", addr)
+					data = bytes.Repeat([]byte{0x16}, 1<<10)
+				} else {
+					// greeted (and authenticated), then trickles its header
+					conn, err = Dial(context.Background(), addr, cli)
+					data = line
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() { defer conn.Close(); trickle(conn, data, 100*time.Millisecond, stop) })
+			}
+
+			busy := sendRetryingBusy(t, addr, cli, src, "real")
+			t.Logf("the real sender got %d busy answers first", busy)
+			var deadlines, stored int
+			for deadlines < 4 || stored < 1 {
+				d := next(t, out)
+				switch {
+				case d.err == nil:
+					stored++
+				case errors.Is(d.err, ErrDeadline):
+					deadlines++
+					if !strings.Contains(d.err.Error(), "HandshakeTimeout") && !strings.Contains(d.err.Error(), "HeaderTimeout") {
+						t.Errorf("slow peer: %v; want the limit named", d.err)
+					}
+				case errors.Is(d.err, ErrBusy):
+				default:
+					t.Errorf("unexpected outcome: %v", d.err)
+				}
+			}
+			assertRootClean(t, root, "real")
+		})
+	}
+}
+
+// TestFreeSpace: an announced size that does not fit the free space of Root's file system,
+// minus the margin and what transfers in progress have yet to write, is refused before anything
+// is written.
+func TestFreeSpace(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 1<<20)
+	_, stream := wire(t, src, "fits")
+	size := int64(len(stream))
+	const margin = 1 << 20
+
+	// the header of a 512 GiB checkpoint, sent alone: the refusal must come without the stream
+	const huge = 512 << 30
+	hugeManifest := fmt.Sprintf(`{"version":1,"imageSize":%d,"files":[{"path":"checkpoint/pages-1.img","size":%d,"digest":"sha256:%s"}]}`,
+		huge, huge, strings.Repeat("0", 64))
+	hugeLine, _ := json.Marshal(header{Magic: Magic, Name: "huge", TotalBytes: huge + 4096, Manifest: []byte(hugeManifest)})
+
+	errStatfs := errors.New("statfs broke")
+	cases := []struct {
+		name     string
+		free     uint64
+		freeErr  error
+		header   []byte // sent alone when set; otherwise Send sends the checkpoint
+		want     error
+		wantText []string
+	}{
+		{name: "fits exactly", free: uint64(size + margin)},
+		{name: "one byte short", free: uint64(size + margin - 1), want: ErrNoSpace,
+			wantText: []string{fmt.Sprintf("%d bytes announced", size), fmt.Sprintf("%d bytes free", size+margin-1), fmt.Sprintf("margin %d bytes", margin)}},
+		{name: "far beyond free space", free: 10 << 30, header: append(hugeLine, '\n'), want: ErrNoSpace,
+			wantText: []string{fmt.Sprintf("%d bytes announced", huge+4096), fmt.Sprintf("%d bytes free", 10<<30)}},
+		{name: "free space unknown", freeErr: errStatfs, want: errStatfs, wantText: []string{"statfs broke"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "root")
+			var asked []string
+			var mu sync.Mutex
+			r := &Receiver{Root: root, NoSync: true, ReserveBytes: margin, FreeBytes: func(p string) (uint64, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				asked = append(asked, p)
+				return tc.free, tc.freeErr
+			}}
+			addr, out := serve(t, r, nil)
+			var sendErr error
+			if tc.header != nil {
+				conn, err := Dial(context.Background(), addr, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				if _, err := conn.Write(tc.header); err != nil {
+					t.Fatal(err)
+				}
+				v, err := readVerdict(conn)
+				if err != nil {
+					t.Fatalf("no verdict without the stream: %v", err)
+				}
+				if v.OK {
+					t.Fatal("accepted")
+				}
+				sendErr = fmt.Errorf("%w: %s", ErrRejected, v.Error)
+				conn.Close() // the receiver need not linger for a stream
+			} else {
+				_, sendErr = sendTo(t, addr, nil, src, "fits")
+			}
+			d := next(t, out)
+			mu.Lock()
+			if len(asked) != 1 || asked[0] != root {
+				t.Errorf("FreeBytes asked about %q, want [%s]", asked, root)
+			}
+			mu.Unlock()
+			if tc.want == nil {
+				if sendErr != nil || d.err != nil {
+					t.Fatalf("sender %v, receiver %v", sendErr, d.err)
+				}
+				assertRootClean(t, root, "fits")
+				return
+			}
+			if !errors.Is(sendErr, ErrRejected) || !errors.Is(d.err, tc.want) {
+				t.Fatalf("sender %v, receiver %v; want ErrRejected and %v", sendErr, d.err, tc.want)
+			}
+			for _, w := range tc.wantText {
+				if !strings.Contains(d.err.Error(), w) || !strings.Contains(sendErr.Error(), w) {
+					t.Errorf("errors do not say %q:\nreceiver: %v\nsender:   %v", w, d.err, sendErr)
+				}
+			}
+			assertRootClean(t, root)
+		})
+	}
+
+	// What a transfer in progress has yet to write counts against the next one.
+	t.Run("transfer in progress", func(t *testing.T) {
+		root := t.TempDir()
+		free := uint64(size + size/2 + margin) // room for one and a half checkpoints
+		r := &Receiver{Root: root, NoSync: true, ReserveBytes: margin, FreeBytes: func(string) (uint64, error) { return free, nil }}
+		addr, out := serve(t, r, nil)
+		first, err := Dial(context.Background(), addr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer first.Close()
+		firstLine, firstStream := wire(t, src, "first")
+		if _, err := first.Write(append(firstLine, firstStream[:1024]...)); err != nil {
+			t.Fatal(err)
+		}
+		waitStaging(t, root)
+		_, err = sendTo(t, addr, nil, src, "second")
+		if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "still to come for 1 transfers in progress") {
+			t.Fatalf("second sender: %v; want ErrRejected for lack of space", err)
+		}
+		if d := next(t, out); !errors.Is(d.err, ErrNoSpace) {
+			t.Errorf("receiver: %v", d.err)
+		}
+		if _, err := first.Write(firstStream[1024:]); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := readVerdict(first); err != nil || !v.OK {
+			t.Fatalf("first: %+v, %v", v, err)
+		}
+		next(t, out)
+		if _, err := sendTo(t, addr, nil, src, "second"); err != nil { // the first is done: room again
+			t.Fatal(err)
+		}
+		next(t, out)
+		assertRootClean(t, root, "first", "second")
+	})
+}
+
+// waitStaging waits until a staging directory exists under root: a transfer is past its
+// header.
+func waitStaging(t *testing.T, root string) {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(10 * time.Millisecond) {
+		entries, _ := os.ReadDir(root)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), StagingPrefix) {
+				return
+			}
+		}
+	}
+	t.Fatal("no transfer started")
+}
+
+// TestDeadlines: a peer that keeps the connection alive with a byte every 50 ms (never idle)
+// still loses it at HeaderTimeout or TransferTimeout, is told so, and leaves nothing behind.
+func TestDeadlines(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 256<<10)
+	line, stream := wire(t, src, "slow")
+	cases := []struct {
+		name     string
+		header   time.Duration // Receiver.HeaderTimeout
+		transfer time.Duration // Receiver.TransferTimeout
+		upfront  []byte        // written at once
+		trickled []byte        // then one byte every 50 ms
+		limit    string
+	}{
+		{"header", 300 * time.Millisecond, 0, nil, line, "HeaderTimeout 300ms"},
+		{"whole transfer", 0, 500 * time.Millisecond, append(line, stream[:4096]...), stream[4096:], "TransferTimeout 500ms"},
+		{"transfer shorter than header", 0, 300 * time.Millisecond, nil, line, "TransferTimeout 300ms"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			r := &Receiver{Root: root, NoSync: true, IdleTimeout: time.Minute, HeaderTimeout: tc.header, TransferTimeout: tc.transfer}
+			addr, out := serve(t, r, nil)
+			conn, err := Dial(context.Background(), addr, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.Write(tc.upfront); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			defer close(stop)
+			go trickle(conn, tc.trickled, 50*time.Millisecond, stop)
+			v, err := readVerdict(conn)
+			if err != nil || v.OK || !strings.Contains(v.Error, tc.limit) {
+				t.Errorf("verdict %+v, %v; want a refusal naming %q", v, err, tc.limit)
+			}
+			d := next(t, out)
+			var ne net.Error
+			if !errors.Is(d.err, ErrDeadline) || !errors.As(d.err, &ne) || !ne.Timeout() || !strings.Contains(d.err.Error(), tc.limit) {
+				t.Errorf("receiver: %v; want ErrDeadline naming %q", d.err, tc.limit)
+			}
+			assertRootClean(t, root)
+		})
+	}
+}
+
+// TestVerifyHook: the receiver calls Verify on the complete, digest-checked staging directory;
+// a refusal removes it and reaches the sender.
+func TestVerifyHook(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 256<<10)
+	errUntrusted := errors.New("signed by nobody we know")
+	unsignedPolicy, err := signature.LoadPolicy(signature.TrustConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labPolicy, err := signature.LoadPolicy(signature.TrustConfig{AllowUnsigned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policyHook := func(p *signature.Policy) func(context.Context, string) error {
+		return func(ctx context.Context, dir string) error { _, err := p.Verify(ctx, dir, ""); return err }
+	}
+	cases := []struct {
+		name   string
+		verify func(ctx context.Context, dir string) error
+		want   error
+	}{
+		{"refused", func(context.Context, string) error { return errUntrusted }, errUntrusted},
+		{"policy: unsigned", policyHook(unsignedPolicy), signature.ErrUnsigned},
+		{"policy: unsigned allowed", policyHook(labPolicy), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			var seen string
+			r := &Receiver{Root: root, NoSync: true, Verify: func(ctx context.Context, dir string) error {
+				seen = dir
+				if _, ok := ctx.Deadline(); !ok {
+					t.Error("Verify's ctx has no deadline")
+				}
+				if filepath.Dir(dir) != root || !strings.HasPrefix(filepath.Base(dir), StagingPrefix) {
+					t.Errorf("Verify called on %s, want a staging directory under %s", dir, root)
+				}
+				if m, err := checkpoint.ReadManifest(dir); err != nil || checkpoint.Verify(dir, m) != nil {
+					t.Errorf("Verify called on an incomplete checkpoint: %v", err)
+				}
+				return tc.verify(ctx, dir)
+			}}
+			addr, out := serve(t, r, nil)
+			_, err := sendTo(t, addr, nil, src, "hooked")
+			d := next(t, out)
+			if seen == "" {
+				t.Fatal("Verify not called")
+			}
+			if tc.want == nil {
+				if err != nil || d.err != nil {
+					t.Fatalf("sender %v, receiver %v", err, d.err)
+				}
+				assertRootClean(t, root, "hooked")
+				return
+			}
+			if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), tc.want.Error()) {
+				t.Errorf("sender: %v; want ErrRejected saying %q", err, tc.want)
+			}
+			if !errors.Is(d.err, tc.want) {
+				t.Errorf("receiver: %v; want %v", d.err, tc.want)
+			}
+			assertRootClean(t, root)
+		})
+	}
+}
+
+// TestHandshakeAnswers: what a sender makes of each first line a peer may send.
+func TestHandshakeAnswers(t *testing.T) {
+	cases := []struct {
+		name string
+		sent string
+		want error // nil: greeted
+		text string
+	}{
+		{"ready", Greeting, nil, ""},
+		{"busy", busyLine, ErrBusy, "all its transfer slots in use"},
+		{"refused", refusal("not you\nreally"), ErrRefused, "not you really"},
+		{"another protocol", "SSH-2.0-OpenSSH_9.6\r\n", ErrProtocol, `"SSH-2.0-OpenSSH_9.6\r\n"`},
+		{"other version", "berth-transfer/0 ready\n", ErrProtocol, "another protocol version"},
+		{"endless line", strings.Repeat("x", maxGreetingBytes+10), ErrProtocol, "longer than"},
+		{"closes mid-line", Magic, ErrProtocol, "EOF"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := net.Pipe()
+			defer c.Close()
+			go func() { _, _ = s.Write([]byte(tc.sent)); s.Close() }()
+			_, err := Handshake(c)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+				t.Errorf("got %v; want %v saying %q", err, tc.want, tc.text)
+			}
+		})
+	}
+}
