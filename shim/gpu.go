@@ -111,17 +111,17 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		g.state.PIDs = append(g.state.PIDs, pid)
 		g.state.NSPIDs = append(g.state.NSPIDs, nsPID(pid))
 	}
-	if mu, ok := g.drv.(interface {
-		Usage(pid int) (map[string]uint64, error)
-	}); ok {
-		for _, pid := range g.pids {
-			use, err := mu.Usage(pid)
-			if err != nil {
-				return nil, fmt.Errorf("GPU memory of pid %d: %w", pid, err)
-			}
-			for i := range g.state.Devices {
-				g.state.Devices[i].MemoryUsed += use[g.state.Devices[i].UUID]
-			}
+	for _, pid := range g.pids {
+		use, err := s.deps.GPU.Inventory().ProcessMemory(pid)
+		if errors.Is(err, gpu.ErrUnsupported) {
+			log.G(ctx).WithError(err).Warn("device memory of the CUDA processes unknown: a restore cannot check the destination's free memory")
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("GPU memory of pid %d: %w", pid, err)
+		}
+		for i := range g.state.Devices {
+			g.state.Devices[i].MemoryUsed += use[g.state.Devices[i].UUID]
 		}
 	}
 	t := time.Now()

@@ -67,8 +67,10 @@ func (d *scriptDriver) Unlock(pid int) error {
 }
 
 type scriptBackend struct {
-	drv  *scriptDriver
-	devs []gpu.Device
+	drv      *scriptDriver
+	devs     []gpu.Device
+	usage    map[int]map[string]uint64 // pid -> device memory per GPU UUID
+	usageErr error
 }
 
 func (b *scriptBackend) Driver() gpu.Driver       { return b.drv }
@@ -77,6 +79,9 @@ func (b *scriptBackend) Devices() ([]gpu.Device, error) {
 	return b.devs, nil
 }
 func (b *scriptBackend) Versions() (gpu.Versions, error) { return b.drv.vers, nil }
+func (b *scriptBackend) ProcessMemory(pid int) (map[string]uint64, error) {
+	return b.usage[pid], b.usageErr
+}
 func (b *scriptBackend) ContainerGPUs(spec *specs.Spec) ([]string, error) {
 	for _, e := range spec.Process.Env {
 		if v, ok := strings.CutPrefix(e, "GPUS="); ok {
@@ -152,7 +157,8 @@ func gpuFixture(t *testing.T, status task.Status) (*Service, *runcStub, *scriptD
 	s := NewService(inner, DefaultConfig(), Deps{
 		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
 		DumpStats:   func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil },
-		GPU:         &scriptBackend{drv: drv, devs: []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30}}},
+		GPU: &scriptBackend{drv: drv, devs: []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30}},
+			usage: map[int]map[string]uint64{101: {"GPU-a": 1 << 20}, 102: {"GPU-a": 2 << 20, "GPU-other": 1 << 20}}},
 	})
 	return s, inner, drv
 }
@@ -228,6 +234,9 @@ func TestGPUCheckpoint(t *testing.T) {
 			if m.GPU == nil || len(m.GPU.Devices) != 1 || m.GPU.Devices[0].UUID != "GPU-a" || fmt.Sprint(m.GPU.PIDs) != "[101 102]" ||
 				m.GPU.Driver != "580.65.06" || len(m.Fingerprint.GPUs) != 1 {
 				t.Errorf("manifest GPU state %+v, fingerprint GPUs %+v", m.GPU, m.Fingerprint.GPUs)
+			}
+			if m.GPU != nil && len(m.GPU.Devices) == 1 && m.GPU.Devices[0].MemoryUsed != 3<<20 {
+				t.Errorf("GPU-a memory used %d, want %d (the inventory's per-process memory of pids 101 and 102)", m.GPU.Devices[0].MemoryUsed, 3<<20)
 			}
 		})
 	}
