@@ -36,10 +36,22 @@ func (d Device) MemoryFree() uint64 {
 	return d.MemoryTotal - d.MemoryUsed
 }
 
-// Inventory lists a node's GPUs and driver versions.
+// Inventory lists a node's GPUs and driver versions, and the device memory each process holds.
+// Implementations: gpu/nvml (NVML) and gpu/fake.
+//
+// Per-process memory is part of the inventory, not of Driver: the CUDA driver's checkpoint API
+// has no call for it, while NVML (the inventory of a real node) reports it for every process with
+// a CUDA context (nvmlDeviceGetComputeRunningProcesses).
 type Inventory interface {
 	// Devices returns every GPU, in index order.
 	Devices() ([]Device, error)
 	// Versions returns the driver and CUDA driver versions.
 	Versions() (Versions, error)
+	// ProcessMemory returns the device memory host PID pid holds on each GPU, in bytes, keyed by
+	// GPU UUID ("GPU-<uuid>"). A GPU on which the process has no context is absent; a process
+	// without CUDA state gets an empty map and no error. The shim records the sum over a
+	// container's processes at checkpoint (checkpoint.GPUDevice.MemoryUsed), so that a restore
+	// refuses a GPU with less free memory. Errors wrap ErrUnsupported when the backend cannot
+	// tell (NVML reports the value as not available), and name the GPU.
+	ProcessMemory(pid int) (map[string]uint64, error)
 }

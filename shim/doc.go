@@ -12,6 +12,18 @@
 //     same way when it carries a berth manifest.
 //   - A per-container CRIU configuration file (runc's org.criu.config annotation) so that open TCP
 //     connections are closed, not dumped: a container moved to another node cannot keep them.
+//   - GPU steps, for a container with GPUs and a GPU backend (gpu.Backend): before the dump a GPU
+//     session locks the CUDA processes and checkpoints their device memory into host memory,
+//     moving through explicit steps (found, thawed, locked, checkpointed, refrozen); after the
+//     dump, or on any failure, it is undone from the step it reached. On restore, Create checks
+//     and maps the destination GPUs and Start brings the device memory back and unlocks it.
+//
+// A task created from a checkpoint has one record in the Service from Create to Delete (created,
+// then started). The phases the shim times (GPU steps, criu-dump, fingerprint at checkpoint;
+// criu-restore and the GPU steps at restore) are written into the manifest, or by Start into
+// the bundle's berth-restore.json, and logged. The exported methods answer with wire errors
+// whose errdefs class comes from one table over berth's sentinel errors (errorClass); the steps
+// below them return native errors.
 //
 // What does not belong here: talking to containerd's API (the client side of a move is cmd/berthctl/move),
 // placement (package nri), and GPU drivers (package gpu).

@@ -12,6 +12,7 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -20,31 +21,72 @@ import (
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
-// gpuSession is the GPU side of one checkpoint: the CUDA processes found and what was done to
-// them, so that every process touched can be restored and unlocked on any failure.
+// gpuStep is where a GPU checkpoint session stands. Before CRIU dumps the task the session moves
+// forward
+//
+//	found -> thawed -> locked -> checkpointed -> refrozen
+//
+// and afterwards, to give the GPUs back, or at any point to roll a failure back, it moves back the
+// same way from wherever it stands: refrozen -> checkpointed thaws the task, checkpointed ->
+// locked brings the device memory back (driver Restore), locked -> thawed unlocks, thawed ->
+// found freezes the task again. The thaw and freeze steps act on the task only when containerd had
+// frozen it before Checkpoint (the CUDA lock needs running threads); for a running task they change
+// nothing. This is containerd's createdCheckpointState and runc's restoredState for the GPU side.
+type gpuStep int
+
+const (
+	gpuFound        gpuStep = iota // the container's GPUs and driver are known; nothing changed yet
+	gpuThawed                      // the task's threads run (thawed by the session if it was frozen)
+	gpuLocked                      // CUDA work locked: every process, or those before a failed lock
+	gpuCheckpointed                // device memory in host memory: every process, or those before a failure
+	gpuRefrozen                    // the task frozen again if it was: ready for CRIU
+)
+
+func (s gpuStep) String() string {
+	switch s {
+	case gpuFound:
+		return "found"
+	case gpuThawed:
+		return "thawed"
+	case gpuLocked:
+		return "locked"
+	case gpuCheckpointed:
+		return "checkpointed"
+	case gpuRefrozen:
+		return "refrozen"
+	}
+	return fmt.Sprintf("gpuStep(%d)", int(s))
+}
+
+// gpuProc is one CUDA process of the container and the driver state this session brought it to
+// (running, locked or checkpointed): undo acts on exactly the processes a step reached.
+type gpuProc struct {
+	pid   int
+	state gpu.ProcessState
+}
+
+// gpuSession is the GPU side of one checkpoint: the container's CUDA processes and the step the
+// session has reached, so that whatever happens, undo gives every process back its GPUs and
+// leaves the task running or frozen as containerd left it.
 type gpuSession struct {
-	s       *Service
+	tasks   taskAPI.TTRPCTaskService // runc's: Pause, Resume, Pids
 	id      string
 	drv     gpu.Driver
-	pids    []int // host PIDs of CUDA processes, in the order they were found
-	locked  []int // PIDs locked so far
-	ckpted  []int // PIDs checkpointed so far
-	steps   []checkpoint.Phase
-	frozen  bool // the task was paused (containerd freezes it before Checkpoint)
-	thawed  bool // this session thawed it and has not frozen it again
-	state   *checkpoint.GPUState
-	spec    *specs.Spec
-	timeout time.Duration
+	timeout time.Duration // the CUDA lock's bound per process
+	frozen  bool          // containerd froze the task before Checkpoint
+	step    gpuStep
+	procs   []gpuProc          // in the order runc lists them
+	phases  *checkpoint.Phases // the GPU steps' wall times, forward and back
+	record  *checkpoint.GPUState
 }
 
-func (g *gpuSession) step(name string, start time.Time) {
-	g.steps = append(g.steps, checkpoint.Phase{Name: name, Ms: ms(time.Since(start))})
-}
-
-// beginGPUCheckpoint finds the container's CUDA processes, locks them (thawing a frozen task
-// first: a lock needs running threads), checkpoints their device memory into host memory, and
-// freezes the task again if it was frozen. It returns nil when the container has no GPUs. On
-// error every process touched is restored and unlocked again; the error names the PID and step.
+// beginGPUCheckpoint finds the container's CUDA processes and takes the session forward to
+// refrozen: thaw a frozen task (a lock needs running threads), lock every process, checkpoint
+// their device memory into host memory, freeze the task again. It returns nil when there is no
+// GPU backend or the container has no GPUs. The device memory each process holds comes from the
+// backend's inventory (gpu.Inventory.ProcessMemory); where the backend cannot tell, it is
+// recorded as 0 and a warning logged. On error the session is undone from the step it reached;
+// the error names the PID and step.
 func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI.StateResponse) (_ *gpuSession, retErr error) {
 	if s.deps.GPU == nil {
 		return nil, nil
@@ -57,8 +99,8 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 	if err != nil || len(uuids) == 0 {
 		return nil, err
 	}
-	g := &gpuSession{s: s, id: id, drv: s.deps.GPU.Driver(), spec: spec, timeout: s.cfg.GPULockTimeout(),
-		frozen: st.Status == task.Status_PAUSED}
+	g := &gpuSession{tasks: s.TTRPCTaskService, id: id, drv: s.deps.GPU.Driver(), timeout: s.cfg.GPULockTimeout(),
+		frozen: st.Status == task.Status_PAUSED, phases: checkpoint.NewPhases(s.deps.Now)}
 	vers, err := g.drv.Versions()
 	if err != nil {
 		return nil, fmt.Errorf("GPU driver: %w", err)
@@ -66,7 +108,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 	if err := gpu.CheckDriver(vers, false); err != nil {
 		return nil, err
 	}
-	g.state = &checkpoint.GPUState{Driver: vers.Driver, CUDA: vers.CUDA}
+	g.record = &checkpoint.GPUState{Driver: vers.Driver, CUDA: vers.CUDA}
 	devs, err := s.deps.GPU.Inventory().Devices()
 	if err != nil {
 		return nil, fmt.Errorf("GPU inventory: %w", err)
@@ -76,24 +118,34 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		if !ok {
 			return nil, fmt.Errorf("container GPU %s is not on this node: %w", u, errdefs.ErrFailedPrecondition)
 		}
-		g.state.Devices = append(g.state.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
+		g.record.Devices = append(g.record.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
 	}
 	defer func() {
 		if retErr != nil {
-			g.abort(context.WithoutCancel(ctx))
+			g.abort(ctx)
 		}
 	}()
-	if g.frozen {
-		t := time.Now()
-		if _, err := s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}); err != nil {
-			return nil, fmt.Errorf("thaw task for the GPU lock: %w", err)
-		}
-		g.thawed = true
-		g.step("gpu-thaw", t)
-	}
-	pids, err := s.TTRPCTaskService.Pids(ctx, &taskAPI.PidsRequest{ID: id})
-	if err != nil {
+	if err := g.forward(ctx); err != nil { // thawed: the processes answer only while they run
 		return nil, err
+	}
+	if err := s.findCUDAProcesses(ctx, g); err != nil {
+		return nil, err
+	}
+	for g.step < gpuRefrozen {
+		if err := g.forward(ctx); err != nil {
+			return nil, err
+		}
+	}
+	log.G(ctx).WithFields(log.Fields{"gpu_pids": g.record.PIDs, "gpus": uuids}).Info("GPU state checkpointed")
+	return g, nil
+}
+
+// findCUDAProcesses fills g with the task's CUDA processes (every PID the driver does not answer
+// gpu.ErrNotCUDA for), which must all be running, and records their PIDs and device memory.
+func (s *Service) findCUDAProcesses(ctx context.Context, g *gpuSession) error {
+	pids, err := g.tasks.Pids(ctx, &taskAPI.PidsRequest{ID: g.id})
+	if err != nil {
+		return errgrpc.ToNative(err)
 	}
 	for _, p := range pids.Processes {
 		pid := int(p.Pid)
@@ -102,114 +154,193 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("GPU state of pid %d: %w", pid, err)
+			return fmt.Errorf("GPU state of pid %d: %w", pid, err)
 		}
 		if state != gpu.StateRunning {
-			return nil, fmt.Errorf("pid %d is %s, not running: %w", pid, state, gpu.ErrIllegalState)
+			return fmt.Errorf("pid %d is %s, not running: %w", pid, state, gpu.ErrIllegalState)
 		}
-		g.pids = append(g.pids, pid)
-		g.state.PIDs = append(g.state.PIDs, pid)
-		g.state.NSPIDs = append(g.state.NSPIDs, nsPID(pid))
+		g.procs = append(g.procs, gpuProc{pid: pid, state: gpu.StateRunning})
+		g.record.PIDs = append(g.record.PIDs, pid)
+		g.record.NSPIDs = append(g.record.NSPIDs, nsPID(pid))
 	}
-	if mu, ok := g.drv.(interface {
-		Usage(pid int) (map[string]uint64, error)
-	}); ok {
-		for _, pid := range g.pids {
-			use, err := mu.Usage(pid)
-			if err != nil {
-				return nil, fmt.Errorf("GPU memory of pid %d: %w", pid, err)
-			}
-			for i := range g.state.Devices {
-				g.state.Devices[i].MemoryUsed += use[g.state.Devices[i].UUID]
-			}
+	for _, p := range g.procs {
+		use, err := s.deps.GPU.Inventory().ProcessMemory(p.pid)
+		if errors.Is(err, gpu.ErrUnsupported) {
+			log.G(ctx).WithError(err).Warn("device memory of the CUDA processes unknown: a restore cannot check the destination's free memory")
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("GPU memory of pid %d: %w", p.pid, err)
+		}
+		for i := range g.record.Devices {
+			g.record.Devices[i].MemoryUsed += use[g.record.Devices[i].UUID]
 		}
 	}
-	t := time.Now()
-	for _, pid := range g.pids {
-		if err := g.drv.Lock(pid, g.timeout); err != nil {
-			return nil, fmt.Errorf("GPU lock of pid %d (timeout %v): %w", pid, g.timeout, err)
-		}
-		g.locked = append(g.locked, pid)
-	}
-	g.step("gpu-lock", t)
-	t = time.Now()
-	for _, pid := range g.pids {
-		if err := g.drv.Checkpoint(pid); err != nil {
-			return nil, fmt.Errorf("GPU checkpoint of pid %d: %w", pid, err)
-		}
-		g.ckpted = append(g.ckpted, pid)
-	}
-	g.step("gpu-checkpoint", t)
-	if g.frozen {
-		t := time.Now()
-		if _, err := s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: id}); err != nil {
-			return nil, fmt.Errorf("freeze task again after the GPU checkpoint: %w", err)
-		}
-		g.thawed = false
-		g.step("gpu-refreeze", t)
-	}
-	log.G(ctx).WithFields(log.Fields{"gpu_pids": g.pids, "gpus": uuids}).Info("GPU state checkpointed")
-	return g, nil
+	return nil
 }
 
-// abort restores and unlocks every process this session touched, thawing the task for it and
-// freezing it again if it was frozen. Failures are logged: the caller's error is what matters.
-func (g *gpuSession) abort(ctx context.Context) {
-	if len(g.locked) == 0 {
-		if g.thawed {
-			_, _ = g.s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: g.id})
-			g.thawed = false
+// forward takes the session one step forward (phases gpu-thaw, gpu-lock, gpu-checkpoint,
+// gpu-refreeze; thaw and refreeze only for a frozen task). A thaw or freeze that fails leaves the
+// step where it was; a lock or checkpoint that fails for one process leaves the session at the
+// new step with the processes before it moved (undo takes exactly those back).
+func (g *gpuSession) forward(ctx context.Context) error {
+	switch g.step {
+	case gpuFound:
+		if g.frozen {
+			if err := g.phases.Time("gpu-thaw", func() error { return g.resume(ctx) }); err != nil {
+				return fmt.Errorf("thaw task for the GPU lock: %w", err)
+			}
 		}
-		return
+		g.step = gpuThawed
+	case gpuThawed:
+		g.step = gpuLocked
+		return g.phases.Time("gpu-lock", func() error {
+			return g.each(gpu.StateRunning, gpu.StateLocked, func(pid int) error {
+				if err := g.drv.Lock(pid, g.timeout); err != nil {
+					return fmt.Errorf("GPU lock of pid %d (timeout %v): %w", pid, g.timeout, err)
+				}
+				return nil
+			}, true)
+		})
+	case gpuLocked:
+		g.step = gpuCheckpointed
+		return g.phases.Time("gpu-checkpoint", func() error {
+			return g.each(gpu.StateLocked, gpu.StateCheckpointed, func(pid int) error {
+				if err := g.drv.Checkpoint(pid); err != nil {
+					return fmt.Errorf("GPU checkpoint of pid %d: %w", pid, err)
+				}
+				return nil
+			}, true)
+		})
+	case gpuCheckpointed:
+		if g.frozen {
+			if err := g.phases.Time("gpu-refreeze", func() error { return g.pause(ctx) }); err != nil {
+				return fmt.Errorf("freeze task again after the GPU checkpoint: %w", err)
+			}
+		}
+		g.step = gpuRefrozen
 	}
-	if err := g.release(ctx); err != nil {
-		log.G(ctx).WithError(err).Error("GPU rollback")
-	}
+	return nil
 }
 
-// release brings every checkpointed process back onto its GPUs and unlocks every locked one,
-// in the driver's order (restore, then unlock). The task's threads must run: a frozen task is
-// thawed for it and frozen again.
-func (g *gpuSession) release(ctx context.Context) error {
-	if g.frozen && !g.thawed {
-		if _, err := g.s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: g.id}); err != nil {
-			return fmt.Errorf("thaw task for the GPU restore: %w", err)
+// back takes the session one step back (phases gpu-restore and gpu-unlock). A thaw that fails
+// leaves the step where it was (with frozen threads nothing else can be undone); restore and
+// unlock try every process the step reached and move on, returning the failures (a process that
+// failed keeps its state); a freeze that fails leaves the session thawed.
+func (g *gpuSession) back(ctx context.Context) error {
+	switch g.step {
+	case gpuRefrozen:
+		if g.frozen {
+			if err := g.resume(ctx); err != nil {
+				return fmt.Errorf("thaw task for the GPU restore: %w", err)
+			}
 		}
-		g.thawed = true
+		g.step = gpuCheckpointed
+	case gpuCheckpointed:
+		g.step = gpuLocked
+		return g.phases.Time("gpu-restore", func() error {
+			return g.each(gpu.StateCheckpointed, gpu.StateLocked, func(pid int) error {
+				if err := g.drv.Restore(pid, nil); err != nil {
+					return fmt.Errorf("GPU restore of pid %d: %w", pid, err)
+				}
+				return nil
+			}, false)
+		})
+	case gpuLocked:
+		g.step = gpuThawed
+		return g.phases.Time("gpu-unlock", func() error {
+			return g.each(gpu.StateLocked, gpu.StateRunning, func(pid int) error {
+				if err := g.drv.Unlock(pid); err != nil {
+					return fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
+				}
+				return nil
+			}, false)
+		})
+	case gpuThawed:
+		if g.frozen {
+			if err := g.pause(ctx); err != nil {
+				return fmt.Errorf("freeze task again: %w", err)
+			}
+		}
+		g.step = gpuFound
 	}
+	return nil
+}
+
+// each calls do for every process in state from and moves those it succeeds for to state to.
+// With stopFirst it stops at the first failure and returns it; otherwise it tries them all and
+// returns every failure.
+func (g *gpuSession) each(from, to gpu.ProcessState, do func(pid int) error, stopFirst bool) error {
 	var errs []error
-	t := time.Now()
-	for _, pid := range g.ckpted {
-		if err := g.drv.Restore(pid, nil); err != nil {
-			errs = append(errs, fmt.Errorf("GPU restore of pid %d: %w", pid, err))
+	for i := range g.procs {
+		p := &g.procs[i]
+		if p.state != from {
+			continue
 		}
-	}
-	g.step("gpu-restore", t)
-	t = time.Now()
-	for _, pid := range g.locked {
-		if err := g.drv.Unlock(pid); err != nil {
-			errs = append(errs, fmt.Errorf("GPU unlock of pid %d: %w", pid, err))
+		if err := do(p.pid); err != nil {
+			if stopFirst {
+				return err
+			}
+			errs = append(errs, err)
+			continue
 		}
-	}
-	g.step("gpu-unlock", t)
-	g.ckpted, g.locked = nil, nil
-	if g.frozen {
-		if _, err := g.s.TTRPCTaskService.Pause(ctx, &taskAPI.PauseRequest{ID: g.id}); err != nil {
-			errs = append(errs, fmt.Errorf("freeze task again: %w", err))
-		}
-		g.thawed = false
+		p.state = to
 	}
 	return errors.Join(errs...)
 }
 
-// gpuFingerprint returns the fingerprint's GPU list for the container's GPUs (container order).
+// undo takes the session back to found from the step it reached and returns every failure; it
+// stops early only at a step that cannot be taken.
+func (g *gpuSession) undo(ctx context.Context) error {
+	var errs []error
+	for g.step > gpuFound {
+		from := g.step
+		if err := g.back(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if g.step == from {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// release gives the GPUs back after a dump that leaves the task running: undo from refrozen.
+func (g *gpuSession) release(ctx context.Context) error { return g.undo(ctx) }
+
+// abort rolls a failed checkpoint back (undo, not cancelled with ctx). Failures are logged: the
+// caller's error is what matters.
+func (g *gpuSession) abort(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	if err := g.undo(ctx); err != nil {
+		log.G(ctx).WithError(err).WithField("gpu_step", g.step).Error("GPU rollback")
+	}
+}
+
+func (g *gpuSession) resume(ctx context.Context) error {
+	_, err := g.tasks.Resume(ctx, &taskAPI.ResumeRequest{ID: g.id})
+	return errgrpc.ToNative(err)
+}
+
+func (g *gpuSession) pause(ctx context.Context) error {
+	_, err := g.tasks.Pause(ctx, &taskAPI.PauseRequest{ID: g.id})
+	return errgrpc.ToNative(err)
+}
+
+// fingerprintGPUs returns the fingerprint's GPU list for the container's GPUs (container order).
 func (g *gpuSession) fingerprintGPUs() []fingerprint.GPU {
 	var out []fingerprint.GPU
-	for i, d := range g.state.Devices {
+	for i, d := range g.record.Devices {
 		out = append(out, fingerprint.GPU{Index: i, UUID: d.UUID, Name: d.Name, MemoryBytes: d.MemoryTotal,
-			Driver: g.state.Driver, CUDA: g.state.CUDA})
+			Driver: g.record.Driver, CUDA: g.record.CUDA})
 	}
 	return out
+}
+
+// manifestState returns the GPU state for the manifest, with every GPU step's phase.
+func (g *gpuSession) manifestState() *checkpoint.GPUState {
+	g.record.Steps = g.phases.List()
+	return g.record
 }
 
 // planGPURestore checks, before anything is created, that this node can take the checkpoint's
@@ -287,7 +418,7 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]g
 		remap = remap || p.Old != p.New
 	}
 	if err := gpu.CheckDriver(vers, remap); err != nil {
-		return nil, withClass(err, errdefs.ErrFailedPrecondition)
+		return nil, err
 	}
 	if err := s.deps.GPU.AdaptSpec(spec, pairs); err != nil {
 		return nil, fmt.Errorf("give the container its GPUs: %w", err)
@@ -295,9 +426,11 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]g
 	return pairs, nil
 }
 
-// restoreGPUs brings the restored task's checkpointed CUDA processes back onto the mapped GPUs
-// and unlocks them. Identity pairs are passed as nil (no remapping needed).
-func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair) ([]checkpoint.Phase, error) {
+// restoreGPUs brings the restored task's checkpointed CUDA processes (those the driver reports
+// CHECKPOINTED) back onto the mapped GPUs and unlocks them, timed as the phases gpu-restore and
+// gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). It stops
+// at the first failure; the error names the PID and step.
+func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, ph *checkpoint.Phases) error {
 	drv := s.deps.GPU.Driver()
 	remap := pairs
 	identity := true
@@ -309,35 +442,41 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 	}
 	pids, err := s.TTRPCTaskService.Pids(ctx, &taskAPI.PidsRequest{ID: id})
 	if err != nil {
-		return nil, err
+		return errgrpc.ToNative(err)
 	}
-	var phases []checkpoint.Phase
 	var todo []int
 	for _, p := range pids.Processes {
 		if st, err := drv.State(int(p.Pid)); err == nil && st == gpu.StateCheckpointed {
 			todo = append(todo, int(p.Pid))
 		}
 	}
-	t := time.Now()
-	for _, pid := range todo {
-		if err := drv.Restore(pid, remap); err != nil {
-			return phases, fmt.Errorf("GPU restore of pid %d: %w", pid, err)
+	if err := ph.Time("gpu-restore", func() error {
+		for _, pid := range todo {
+			if err := drv.Restore(pid, remap); err != nil {
+				return fmt.Errorf("GPU restore of pid %d: %w", pid, err)
+			}
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	phases = append(phases, checkpoint.Phase{Name: "gpu-restore", Ms: ms(time.Since(t))})
-	t = time.Now()
-	for _, pid := range todo {
-		if err := drv.Unlock(pid); err != nil {
-			return phases, fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
+	if err := ph.Time("gpu-unlock", func() error {
+		for _, pid := range todo {
+			if err := drv.Unlock(pid); err != nil {
+				return fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
+			}
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	phases = append(phases, checkpoint.Phase{Name: "gpu-unlock", Ms: ms(time.Since(t))})
 	log.G(ctx).WithFields(log.Fields{"gpu_pids": todo, "pairs": pairs}).Info("GPU state restored")
-	return phases, nil
+	return nil
 }
 
+// mismatch is the fingerprint mismatch of one GPU field (class FailedPrecondition, errorClass).
 func mismatch(field, ckpt, node string) error {
-	return withClass(&fingerprint.MismatchError{Field: field, Checkpoint: ckpt, Node: node, Rule: fingerprint.RuleExact}, errdefs.ErrFailedPrecondition)
+	return &fingerprint.MismatchError{Field: field, Checkpoint: ckpt, Node: node, Rule: fingerprint.RuleExact}
 }
 
 func findDevice(devs []gpu.Device, uuid string) (gpu.Device, bool) {

@@ -67,8 +67,10 @@ func (d *scriptDriver) Unlock(pid int) error {
 }
 
 type scriptBackend struct {
-	drv  *scriptDriver
-	devs []gpu.Device
+	drv      *scriptDriver
+	devs     []gpu.Device
+	usage    map[int]map[string]uint64 // pid -> device memory per GPU UUID
+	usageErr error
 }
 
 func (b *scriptBackend) Driver() gpu.Driver       { return b.drv }
@@ -77,6 +79,9 @@ func (b *scriptBackend) Devices() ([]gpu.Device, error) {
 	return b.devs, nil
 }
 func (b *scriptBackend) Versions() (gpu.Versions, error) { return b.drv.vers, nil }
+func (b *scriptBackend) ProcessMemory(pid int) (map[string]uint64, error) {
+	return b.usage[pid], b.usageErr
+}
 func (b *scriptBackend) ContainerGPUs(spec *specs.Spec) ([]string, error) {
 	for _, e := range spec.Process.Env {
 		if v, ok := strings.CutPrefix(e, "GPUS="); ok {
@@ -102,6 +107,7 @@ type runcStub struct {
 	status    task.Status
 	pids      []uint32
 	dumpErr   error
+	pauseErr  error // Pause fails with it, leaving the task running
 	dumped    bool
 	statusLog []string
 }
@@ -117,6 +123,10 @@ func (r *runcStub) Pids(context.Context, *taskAPI.PidsRequest) (*taskAPI.PidsRes
 	return resp, nil
 }
 func (r *runcStub) Pause(context.Context, *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	if r.pauseErr != nil {
+		r.statusLog = append(r.statusLog, "pause failed")
+		return nil, r.pauseErr
+	}
 	r.status = task.Status_PAUSED
 	r.statusLog = append(r.statusLog, "pause")
 	return &ptypes.Empty{}, nil
@@ -152,7 +162,8 @@ func gpuFixture(t *testing.T, status task.Status) (*Service, *runcStub, *scriptD
 	s := NewService(inner, DefaultConfig(), Deps{
 		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
 		DumpStats:   func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil },
-		GPU:         &scriptBackend{drv: drv, devs: []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30}}},
+		GPU: &scriptBackend{drv: drv, devs: []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30}},
+			usage: map[int]map[string]uint64{101: {"GPU-a": 1 << 20}, 102: {"GPU-a": 2 << 20, "GPU-other": 1 << 20}}},
 	})
 	return s, inner, drv
 }
@@ -229,6 +240,9 @@ func TestGPUCheckpoint(t *testing.T) {
 				m.GPU.Driver != "580.65.06" || len(m.Fingerprint.GPUs) != 1 {
 				t.Errorf("manifest GPU state %+v, fingerprint GPUs %+v", m.GPU, m.Fingerprint.GPUs)
 			}
+			if m.GPU != nil && len(m.GPU.Devices) == 1 && m.GPU.Devices[0].MemoryUsed != 3<<20 {
+				t.Errorf("GPU-a memory used %d, want %d (the inventory's per-process memory of pids 101 and 102)", m.GPU.Devices[0].MemoryUsed, 3<<20)
+			}
 		})
 	}
 }
@@ -280,5 +294,74 @@ func TestPlanGPURestore(t *testing.T) {
 				t.Errorf("pairs %v, spec env %v; want GPU-a -> %s", pairs, spec.Process.Env, tc.want)
 			}
 		})
+	}
+}
+
+// TestGPUSessionUndo takes a session of a frozen task forward to each step and back: undo starts
+// from the step reached and gives every process back its GPUs and the task its freeze.
+func TestGPUSessionUndo(t *testing.T) {
+	tests := []struct {
+		to        gpuStep
+		wantCalls string
+		wantLog   string
+	}{
+		{gpuFound, "", ""},
+		{gpuThawed, "", "resume,pause"},
+		{gpuLocked, "lock 101,lock 102,unlock 101,unlock 102", "resume,pause"},
+		{gpuCheckpointed, "lock 101,lock 102,checkpoint 101,checkpoint 102,restore 101,restore 102,unlock 101,unlock 102", "resume,pause"},
+		{gpuRefrozen, "lock 101,lock 102,checkpoint 101,checkpoint 102,restore 101,restore 102,unlock 101,unlock 102", "resume,pause,resume,pause"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.to.String(), func(t *testing.T) {
+			_, inner, drv := gpuFixture(t, task.Status_PAUSED)
+			g := &gpuSession{tasks: inner, id: "c", drv: drv, frozen: true, phases: checkpoint.NewPhases(nil),
+				procs: []gpuProc{{pid: 101, state: gpu.StateRunning}, {pid: 102, state: gpu.StateRunning}}}
+			for g.step < tc.to {
+				if err := g.forward(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := g.undo(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(drv.calls, ","); got != tc.wantCalls {
+				t.Errorf("driver calls\n got %s\nwant %s", got, tc.wantCalls)
+			}
+			if got := strings.Join(inner.statusLog, ","); got != tc.wantLog {
+				t.Errorf("task status changes %q, want %q", got, tc.wantLog)
+			}
+			if g.step != gpuFound || inner.status != task.Status_PAUSED {
+				t.Errorf("after undo: step %s, task %s", g.step, inner.status)
+			}
+			for pid, st := range drv.state {
+				if st != gpu.StateRunning {
+					t.Errorf("pid %d left %s", pid, st)
+				}
+			}
+		})
+	}
+}
+
+// TestGPUCheckpointRefreezeFails: the task does not freeze again after the GPU checkpoint, so the
+// session is undone from checkpointed (not refrozen): the GPUs are given back, and the error says
+// which step failed.
+func TestGPUCheckpointRefreezeFails(t *testing.T) {
+	s, inner, drv := gpuFixture(t, task.Status_PAUSED)
+	inner.pauseErr = errors.New("cgroup freeze failed")
+	_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "freeze task again after the GPU checkpoint") || !strings.Contains(err.Error(), "cgroup freeze failed") {
+		t.Fatalf("error %v", err)
+	}
+	want := "lock 101,lock 102,checkpoint 101,checkpoint 102,restore 101,restore 102,unlock 101,unlock 102"
+	if got := strings.Join(drv.calls, ","); got != want {
+		t.Errorf("driver calls\n got %s\nwant %s", got, want)
+	}
+	if inner.dumped {
+		t.Error("CRIU dumped a task that was not frozen again")
+	}
+	for pid, st := range drv.state {
+		if st != gpu.StateRunning {
+			t.Errorf("pid %d left %s", pid, st)
+		}
 	}
 }

@@ -7,11 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	orasErrdef "oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -32,8 +29,8 @@ const PulledDir = ".oci"
 // a partial one. The caller runs the usual validation (digests, fingerprint, namespace, GPUs).
 func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) (string, error) {
 	if !s.cfg.RegistryAllowed(src.Registry) {
-		return "", withClass(fmt.Errorf("registry %s is not in allowed_registries %q of the shim config %s: add it there to restore from it",
-			src.Registry, s.cfg.AllowedRegistries, ConfigPath()), errdefs.ErrPermissionDenied)
+		return "", mark(fmt.Errorf("registry %s is not in allowed_registries %q of the shim config %s: add it there to restore from it",
+			src.Registry, s.cfg.AllowedRegistries, s.cfg.Path), ErrRegistryNotAllowed)
 	}
 	opts := registry.Options{
 		PlainHTTP:    s.cfg.RegistryPlain(src.Registry),
@@ -45,13 +42,13 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 	if dgst == "" {
 		desc, err := registry.Resolve(ctx, src.Ref(), opts)
 		if err != nil {
-			return "", classifyPull(err)
+			return "", err
 		}
 		dgst = desc.Digest.String()
 	}
 	algo, hex, ok := strings.Cut(dgst, ":")
 	if !ok || algo != "sha256" || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
-		return "", withClass(fmt.Errorf("registry %s answered %s with digest %q (want sha256)", src.Registry, src, dgst), errdefs.ErrInvalidArgument)
+		return "", mark(fmt.Errorf("registry %s answered %s with digest %q (want sha256)", src.Registry, src, dgst), ErrRegistryDigest)
 	}
 	cache := filepath.Join(s.cfg.CheckpointRoot, PulledDir)
 	if err := os.MkdirAll(cache, 0o700); err != nil {
@@ -63,24 +60,24 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 		if fi.IsDir() {
 			if m, err := checkpoint.ReadManifest(final); err == nil {
 				if _, err := checkpoint.VerifyStamped(final, m); err == nil {
-					logger.WithField("ms", ms(s.deps.Now().Sub(start))).Info("checkpoint pulled before: reused")
+					logger.WithField("ms", checkpoint.Millis(s.deps.Now().Sub(start))).Info("checkpoint pulled before: reused")
 					return final, nil
 				}
 			}
 		}
 		// damaged or not ours: move it aside and pull again
 		logger.Warn("pulled checkpoint is not intact: pulling it again")
-		stale := filepath.Join(cache, fmt.Sprintf(".stale-%s-%d", hex, time.Now().UnixNano()))
+		stale := filepath.Join(cache, fmt.Sprintf(".stale-%s-%d", hex, s.deps.Now().UnixNano()))
 		if err := os.Rename(final, stale); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("move damaged checkpoint %s aside: %w", final, err)
 		}
 		_ = checkpoint.RemoveStamp(final)
 		os.RemoveAll(stale)
 	}
-	tmp := filepath.Join(cache, fmt.Sprintf(".pull-%s-%d", hex, time.Now().UnixNano()))
+	tmp := filepath.Join(cache, fmt.Sprintf(".pull-%s-%d", hex, s.deps.Now().UnixNano()))
 	byDigest := src.Registry + "/" + src.Repository + "@" + dgst
 	if err := registry.Pull(ctx, byDigest, tmp, opts); err != nil {
-		return "", classifyPull(err)
+		return "", err
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		os.RemoveAll(tmp)
@@ -95,20 +92,6 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 			logger.WithError(err).Warn("no verification stamp for the pulled checkpoint")
 		}
 	}
-	logger.WithField("ms", ms(s.deps.Now().Sub(start))).Info("checkpoint pulled and verified")
+	logger.WithField("ms", checkpoint.Millis(s.deps.Now().Sub(start))).Info("checkpoint pulled and verified")
 	return final, nil
-}
-
-// classifyPull gives registry errors an errdefs class for the wire.
-func classifyPull(err error) error {
-	switch {
-	case errors.Is(err, registry.ErrUnauthorized):
-		return withClass(err, errdefs.ErrPermissionDenied)
-	case errors.Is(err, checkpoint.ErrDigestMismatch), errors.Is(err, checkpoint.ErrSizeMismatch), errors.Is(err, registry.ErrNotCheckpoint),
-		errors.Is(err, registry.ErrLayerMismatch):
-		return withClass(err, errdefs.ErrFailedPrecondition)
-	case errors.Is(err, orasErrdef.ErrNotFound), errdefs.IsNotFound(err):
-		return withClass(err, errdefs.ErrNotFound)
-	}
-	return err
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/pkg/archive"
@@ -69,7 +68,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 
 	src, err := registry.ParseRestoreFrom(ref)
 	if err != nil {
-		return nil, classify(fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err))
+		return nil, fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err)
 	}
 	var path string
 	if src.IsOCI() {
@@ -77,7 +76,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 			return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
 		}
 	} else if path, err = checkpoint.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref); err != nil {
-		return nil, classify(fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err))
+		return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
 	}
 	plan := &restorePlan{dir: path}
 	defer func() {
@@ -87,20 +86,20 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	}()
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, classify(err)
+		return nil, err
 	}
 	if !fi.IsDir() {
-		dest := filepath.Join(s.cfg.CheckpointRoot, fmt.Sprintf(".restore-%s-%d", r.ID, time.Now().UnixNano()))
+		dest := filepath.Join(s.cfg.CheckpointRoot, fmt.Sprintf(".restore-%s-%d", r.ID, s.deps.Now().UnixNano()))
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, classify(err)
+			return nil, err
 		}
 		defer f.Close()
 		plan.extracted = dest
 		if err := berthArchive.Extract(f, dest, berthArchive.Limits{
 			MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes, MaxEntries: 1 << 16,
 		}); err != nil {
-			return nil, fmt.Errorf("extract checkpoint archive %s: %w", path, withClass(err, errdefs.ErrInvalidArgument))
+			return nil, fmt.Errorf("extract checkpoint archive %s: %w", path, mark(err, ErrBadArchive))
 		}
 		plan.dir = dest
 	}
@@ -143,7 +142,7 @@ func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
 	}
 	var src specs.Spec
 	if err := json.Unmarshal(b, &src); err != nil {
-		return withClass(fmt.Errorf("checkpoint %s: %s: %w", dir, checkpoint.SpecFile, err), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("checkpoint %s: %s: %w", dir, checkpoint.SpecFile, mark(err, ErrInvalidSpec))
 	}
 	from := src.Annotations[oci.AnnotationCRISandboxNamespace]
 	if from == "" || from == dst {
@@ -154,20 +153,20 @@ func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
 			return nil
 		}
 	}
-	return withClass(fmt.Errorf("checkpoint %s was taken in Kubernetes namespace %q and may not be restored into namespace %q (allow it with namespace_mappings = [\"%s:%s\"] in the shim config)",
-		dir, from, dst, from, dst), errdefs.ErrPermissionDenied)
+	return mark(fmt.Errorf("checkpoint %s was taken in Kubernetes namespace %q and may not be restored into namespace %q (allow it with namespace_mappings = [\"%s:%s\"] in the shim config)",
+		dir, from, dst, from, dst), ErrNamespaceRefused)
 }
 
 // verify reads dir's manifest, checks every digest and compares the fingerprint with this node's.
 func (s *Service) verify(ctx context.Context, dir string) (*checkpoint.Manifest, error) {
 	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
-		return nil, classify(fmt.Errorf("checkpoint %s: %w", dir, err))
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
 	stamped, err := checkpoint.VerifyStamped(dir, m)
 	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "receiver_stamp": stamped}).Debug("checkpoint verified")
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, withClass(err, errdefs.ErrFailedPrecondition))
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
 	node, err := s.deps.Fingerprint(ctx)
 	if err != nil {
@@ -182,7 +181,7 @@ func (s *Service) verify(ctx context.Context, dir string) (*checkpoint.Manifest,
 		node.GPUs = m.Fingerprint.GPUs
 	}
 	if err := fingerprint.Compare(m.Fingerprint, node); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, withClass(err, errdefs.ErrFailedPrecondition))
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
 	return m, nil
 }
@@ -207,53 +206,4 @@ func (p *restorePlan) applyRootfsDiff(ctx context.Context, rootfs string) error 
 		return fmt.Errorf("apply %s to rootfs: %w", p.rootfsDiff, err)
 	}
 	return nil
-}
-
-// classify adds an errdefs class to errors from the oci package so the wire error carries it.
-func classify(err error) error {
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return withClass(err, errdefs.ErrNotFound)
-	case errors.Is(err, checkpoint.ErrOutsideRoot), errors.Is(err, checkpoint.ErrInvalidRef):
-		return withClass(err, errdefs.ErrInvalidArgument)
-	}
-	return err
-}
-
-// The error types below give an error an errdefs class without changing its message: errdefs
-// resolves classes through these marker methods, so errgrpc maps them to the right wire code.
-type invalidArgument struct{ error }
-
-func (invalidArgument) InvalidParameter() {}
-func (e invalidArgument) Unwrap() error   { return e.error }
-
-type notFound struct{ error }
-
-func (notFound) NotFound()       {}
-func (e notFound) Unwrap() error { return e.error }
-
-type permissionDenied struct{ error }
-
-func (permissionDenied) Forbidden()      {}
-func (e permissionDenied) Unwrap() error { return e.error }
-
-type failedPrecondition struct{ error }
-
-func (failedPrecondition) FailedPrecondition() {}
-func (e failedPrecondition) Unwrap() error     { return e.error }
-
-// withClass returns err classified as class (errdefs.ErrInvalidArgument, ErrNotFound or
-// ErrFailedPrecondition; any other class returns err unchanged).
-func withClass(err, class error) error {
-	switch class {
-	case errdefs.ErrInvalidArgument:
-		return invalidArgument{err}
-	case errdefs.ErrNotFound:
-		return notFound{err}
-	case errdefs.ErrFailedPrecondition:
-		return failedPrecondition{err}
-	case errdefs.ErrPermissionDenied:
-		return permissionDenied{err}
-	}
-	return err
 }

@@ -90,7 +90,7 @@ func TestPrepareRestore(t *testing.T) {
 						t.Errorf("error %q does not name %q", err, w)
 					}
 				}
-				if errdefs.Resolve(err) != tc.class {
+				if errorClass(err) != tc.class {
 					t.Errorf("error %q is not of class %v", err, tc.class)
 				}
 				return

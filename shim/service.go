@@ -11,14 +11,10 @@ import (
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/containerd/api/types/runc/options"
-	"github.com/containerd/containerd/api/types/task"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
@@ -36,7 +32,8 @@ type Deps struct {
 	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
 	// DumpStats reads CRIU's stats-dump from a CRIU work directory (criu.ReadDumpStats).
 	DumpStats func(workDir string) (checkpoint.CRIUStats, error)
-	// Now is the clock.
+	// Now is the clock: every phase the shim times (checkpoint.Phases), the manifest's Created
+	// time, and the unique names of the shim's temporary directories. nil means time.Now.
 	Now func() time.Time
 	// GPU is the node's GPU backend (driver, inventory, container device convention); nil on a
 	// node without GPUs, where a GPU container's checkpoint cannot be restored.
@@ -44,28 +41,63 @@ type Deps struct {
 }
 
 // Service is the berth task service: runc's task service with berth's checkpoint and restore.
-// Every method it does not define is runc's, unchanged.
+// Every method it does not define is runc's, unchanged. The methods it defines return the task
+// API's wire errors: the native errors of their steps, classified once by errorClass (one table
+// from berth's sentinel errors to errdefs classes) with their messages unchanged.
 type Service struct {
 	taskAPI.TTRPCTaskService
 
 	cfg  Config
 	deps Deps
 
-	mu    sync.Mutex
-	plans map[string]*restorePlan // task id -> checkpoint it is restored from, until Start returns
-	// ownNetns holds the ids of tasks created from a checkpoint whose network namespace runc
-	// creates (no path in the spec): Start sets their loopback up after CRIU restored them.
-	ownNetns map[string]bool
-	// stdinHolds are the stdin FIFOs held open for restored tasks (restoreStdio).
-	stdinHolds map[string]*os.File
+	mu sync.Mutex
+	// tasks holds the record of every task created from a checkpoint, from Create until Delete.
+	tasks map[string]*restoredTask
 }
 
-// NewService wraps inner (containerd's runc task service) with berth's steps.
+// restoreStatus is where a task created from a checkpoint stands in the shim.
+type restoreStatus int
+
+const (
+	// restoreCreated: runc created the task from the checkpoint; Start restores it.
+	restoreCreated restoreStatus = iota
+	// restoreStarted: Start ran the restore (successfully or not); the plan is cleaned up, the
+	// record stays for what the task holds until Delete.
+	restoreStarted
+)
+
+// restoredTask is the shim's one record of a task created from a checkpoint (a berth checkpoint
+// validated in Create, or one containerd passed in), from Create until Delete.
+type restoredTask struct {
+	status restoreStatus
+	bundle string
+	// plan is the validated berth checkpoint (nil for a containerd checkpoint without a berth
+	// manifest); Start takes it and cleans it up.
+	plan *restorePlan
+	// ownNetns: runc creates the task's network namespace (no path in the spec), and Start sets
+	// its loopback up after CRIU restored it.
+	ownNetns bool
+	// stdin is the FIFO held open as the task's stdin (restoreStdio); nil for none. Delete closes it.
+	stdin *os.File
+}
+
+// close releases what the record holds: the plan's extracted archive and the stdin FIFO.
+func (t *restoredTask) close() {
+	if t.plan != nil {
+		t.plan.cleanup()
+	}
+	if t.stdin != nil {
+		t.stdin.Close()
+	}
+}
+
+// NewService wraps inner (containerd's runc task service) with berth's steps, configured by cfg
+// (cfg.Path names the configuration file in errors) and using deps (a nil deps.Now is time.Now).
 func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, plans: map[string]*restorePlan{}, ownNetns: map[string]bool{}, stdinHolds: map[string]*os.File{}}
+	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, tasks: map[string]*restoredTask{}}
 }
 
 // RegisterTTRPC registers the wrapper (not the inner service) as the task service.
@@ -79,130 +111,233 @@ func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 // containerd) carries a berth manifest, is validated first: resolved inside the checkpoint root,
 // digests verified, fingerprint compared, Kubernetes namespace checked, and for GPU checkpoints
 // the destination GPUs checked and mapped (the spec is rewritten to give the container the mapped
-// GPUs). Nothing is created when validation fails; the error names the cause and the value
-// (errdefs classes InvalidArgument, NotFound, FailedPrecondition, PermissionDenied). A restored
-// task gets pipes for the standard streams it has none for (restoreStdio).
-func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+// GPUs). Nothing is created when validation fails; the error names the cause and the value, and
+// its class comes from errorClass (InvalidArgument for a malformed or escaping reference or
+// archive, NotFound for a missing checkpoint, FailedPrecondition for a damaged or incompatible
+// one, PermissionDenied for a refused namespace or registry). A restored task gets pipes for the
+// standard streams it has none for (restoreStdio).
+func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
+	resp, err := s.create(ctx, r)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return resp, nil
+}
+
+// create is Create with native errors: prepare (validate, rewrite the spec), have runc create the
+// task, apply the checkpoint's rootfs diff, and keep the record of a task created from a
+// checkpoint for Start and Delete.
+func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	t, err := s.prepareCreate(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil && t != nil {
+			t.close()
+		}
+	}()
+	resp, err := s.TTRPCTaskService.Create(ctx, r)
+	if err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	if t == nil {
+		return resp, nil
+	}
+	if t.plan != nil {
+		if err := s.restoreRootfs(ctx, r, t.plan); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	s.tasks[r.ID] = t
+	s.mu.Unlock()
+	if t.plan != nil {
+		log.G(ctx).WithField("checkpoint", t.plan.dir).Info("task created from berth checkpoint; Start restores it with CRIU")
+	}
+	return resp, nil
+}
+
+// prepareCreate readies the bundle and r for runc. For a task restored from a checkpoint it
+// validates the checkpoint (prepareRestore) and, for a GPU checkpoint, this node's GPUs
+// (planGPURestore, which rewrites the spec); it points runc at the bundle's CRIU configuration,
+// writes config.json when the spec changed, sets r.Checkpoint to the CRIU images, and gives the
+// task its standard streams (restoreStdio). It returns the task's record, or nil for a task
+// created fresh; on error nothing it made is left.
+func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *restoredTask, retErr error) {
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, err
 	}
 	plan, err := s.prepareRestore(ctx, r, spec)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+		return nil, fmt.Errorf("restore %s: %w", r.ID, err)
 	}
+	t := &restoredTask{status: restoreCreated, bundle: r.Bundle, plan: plan}
 	defer func() {
-		if retErr != nil && plan != nil {
-			plan.cleanup()
+		if retErr != nil {
+			t.close()
 		}
 	}()
 	specChanged := false
 	if plan != nil && plan.manifest != nil && plan.manifest.GPU != nil {
 		// before anything is created: can this node take the checkpoint's GPUs?
 		if plan.gpuPairs, err = s.planGPURestore(spec, plan.manifest.GPU); err != nil {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
 		}
 		specChanged = true
 	}
 	changed, err := s.setCRIUConfig(r.Bundle, spec)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, err
 	}
 	if changed || specChanged {
 		if err := writeSpec(r.Bundle, spec); err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return nil, err
 		}
 	}
 	if plan != nil {
 		r.Checkpoint = plan.imagesDir
 	}
-	if r.Checkpoint != "" {
-		hold, err := restoreStdio(r)
-		if err != nil {
-			return nil, errgrpc.ToGRPC(err)
-		}
-		if hold != nil {
-			defer func() {
-				if retErr != nil {
-					hold.Close()
-					return
-				}
-				s.mu.Lock()
-				s.stdinHolds[r.ID] = hold
-				s.mu.Unlock()
-			}()
-		}
+	if r.Checkpoint == "" {
+		return nil, nil
 	}
-	resp, err := s.TTRPCTaskService.Create(ctx, r)
-	if err != nil {
-		return resp, err
+	t.ownNetns = ownsNetns(spec)
+	if t.stdin, err = restoreStdio(r); err != nil {
+		return nil, err
 	}
-	if r.Checkpoint != "" && ownsNetns(spec) {
-		s.mu.Lock()
-		s.ownNetns[r.ID] = true
-		s.mu.Unlock()
-	}
-	if plan == nil {
-		return resp, nil
-	}
+	return t, nil
+}
+
+// restoreRootfs applies the checkpoint's rootfs diff to the task runc created from it; on failure
+// it removes that task again, so nothing is half-created.
+func (s *Service) restoreRootfs(ctx context.Context, r *taskAPI.CreateTaskRequest, plan *restorePlan) (retErr error) {
 	defer func() {
 		if retErr != nil {
-			// nothing half-created: remove the task runc created from the checkpoint
 			if _, derr := s.TTRPCTaskService.Delete(ctx, &taskAPI.DeleteRequest{ID: r.ID}); derr != nil {
 				log.G(ctx).WithError(derr).Warn("remove task after failed restore preparation")
 			}
 		}
 	}()
 	if err := plan.applyRootfsDiff(ctx, filepath.Join(r.Bundle, "rootfs")); err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w", r.ID, err))
+		return fmt.Errorf("restore %s: %w", r.ID, err)
 	}
-	s.mu.Lock()
-	s.plans[r.ID] = plan
-	s.mu.Unlock()
-	log.G(ctx).WithField("checkpoint", plan.dir).Info("task created from berth checkpoint; Start restores it with CRIU")
-	return resp, nil
+	return nil
 }
 
-// Start starts the task; a task created from a berth checkpoint is restored by CRIU here (runc
-// restore). An archive extracted for the restore is removed once Start returns.
+// RestoreReportFile is the file Start writes into the bundle of a task it restored from a
+// checkpoint: a RestoreReport as JSON.
+const RestoreReportFile = "berth-restore.json"
+
+// RestoreReport is what Start measured while restoring a task.
+type RestoreReport struct {
+	// Phases are the restore's steps in order, each with its wall time in ms: criu-restore (runc's
+	// restore with CRIU), then for a GPU checkpoint gpu-restore and gpu-unlock (absent when the
+	// step before failed).
+	Phases []checkpoint.Phase `json:"phases"`
+	// TotalMs is Start's wall time from the runc restore to the end of the GPU restore, in ms (the
+	// log's restore_ms).
+	TotalMs float64 `json:"totalMs"`
+}
+
+// Start starts the task. A task created from a checkpoint is restored instead: runc restores it
+// with CRIU; a task that owns its network namespace gets its loopback set up; for a GPU checkpoint
+// the CUDA processes are brought back onto the mapped GPUs and unlocked. The driver cannot roll a
+// failed GPU restore back, so the task is then killed (the checkpoint is untouched and can be
+// restored again) and the error names the process and step. Once CRIU has restored the task, the
+// restore's phases (RestoreReport) are logged (restore_ms the total, ms.<phase> each, in ms) and
+// written into the bundle as RestoreReportFile, also when the GPU restore failed. An archive
+// extracted for the restore is removed once Start returns. Any other task, and every exec, is
+// started by runc unchanged.
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	if r.ExecID != "" {
 		return s.TTRPCTaskService.Start(ctx, r)
 	}
+	t := s.takeForStart(r.ID)
+	if t == nil {
+		return s.TTRPCTaskService.Start(ctx, r)
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
+	resp, err := s.startRestored(ctx, r, t)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return resp, nil
+}
+
+// takeForStart moves id's record from created to started and returns what Start needs from it (a
+// copy, with the plan Start now owns); nil when id has no record waiting for Start.
+func (s *Service) takeForStart(id string) *restoredTask {
 	s.mu.Lock()
-	plan, netns := s.plans[r.ID], s.ownNetns[r.ID]
-	delete(s.plans, r.ID)
-	delete(s.ownNetns, r.ID)
-	s.mu.Unlock()
-	if plan != nil {
-		defer plan.cleanup()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	if t == nil || t.status != restoreCreated {
+		return nil
 	}
+	started := *t
+	t.status, t.plan = restoreStarted, nil
+	return &started
+}
+
+// startRestored is Start for a task created from a checkpoint, with native errors.
+func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t *restoredTask) (*taskAPI.StartResponse, error) {
+	if t.plan != nil {
+		defer t.plan.cleanup()
+	}
+	ph := checkpoint.NewPhases(s.deps.Now)
 	start := s.deps.Now()
-	resp, err := s.TTRPCTaskService.Start(ctx, r)
-	if err != nil || (plan == nil && !netns) {
-		return resp, err
+	var resp *taskAPI.StartResponse
+	if err := ph.Time("criu-restore", func() (err error) {
+		resp, err = s.TTRPCTaskService.Start(ctx, r)
+		return errgrpc.ToNative(err)
+	}); err != nil {
+		return nil, err
 	}
-	if netns {
+	if t.ownNetns {
 		if err := loopbackUp(int(resp.Pid)); err != nil {
 			log.G(ctx).WithError(err).Warn("restored task's loopback stays down")
 		}
 	}
-	if plan != nil && len(plan.gpuPairs) > 0 {
-		if _, err := s.restoreGPUs(ctx, r.ID, plan.gpuPairs); err != nil {
-			// the driver cannot roll a failed GPU restore back: do not leave a task without its
-			// device memory running; the checkpoint is untouched and can be restored again
-			if _, kerr := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: r.ID, Signal: 9, All: true}); kerr != nil {
-				log.G(ctx).WithError(kerr).Error("kill task after failed GPU restore")
-			} else {
-				// wait for the exit: the caller deletes the task next, which needs it stopped
-				_, _ = s.TTRPCTaskService.Wait(ctx, &taskAPI.WaitRequest{ID: r.ID})
-			}
-			return nil, errgrpc.ToGRPC(fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, err, plan.dir))
-		}
+	var gpuErr error
+	if t.plan != nil && len(t.plan.gpuPairs) > 0 {
+		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, ph)
 	}
-	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore_ms": ms(s.deps.Now().Sub(start))}).Info("restored with CRIU")
+	report := RestoreReport{Phases: ph.List(), TotalMs: checkpoint.Millis(s.deps.Now().Sub(start))}
+	s.writeRestoreReport(ctx, t.bundle, report)
+	if gpuErr != nil {
+		// do not leave a task without its device memory running
+		if _, kerr := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: r.ID, Signal: 9, All: true}); kerr != nil {
+			log.G(ctx).WithError(kerr).Error("kill task after failed GPU restore")
+		} else {
+			// wait for the exit: the caller deletes the task next, which needs it stopped
+			_, _ = s.TTRPCTaskService.Wait(ctx, &taskAPI.WaitRequest{ID: r.ID})
+		}
+		return nil, fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, gpuErr, t.plan.dir)
+	}
+	log.G(ctx).WithFields(restoreFields(report)).Info("restored with CRIU")
 	return resp, nil
+}
+
+// restoreFields are a RestoreReport as log fields: restore_ms (the total) and ms.<phase>.
+func restoreFields(rep RestoreReport) log.Fields {
+	f := log.Fields{"restore_ms": rep.TotalMs}
+	for _, p := range rep.Phases {
+		f["ms."+p.Name] = p.Ms
+	}
+	return f
+}
+
+// writeRestoreReport writes rep into bundle as RestoreReportFile; a failure is logged, not
+// returned (the task is restored either way).
+func (s *Service) writeRestoreReport(ctx context.Context, bundle string, rep RestoreReport) {
+	b, err := json.Marshal(rep)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(bundle, RestoreReportFile), append(b, '\n'), 0o600)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithFields(restoreFields(rep)).Warn("restore report not written")
+	}
 }
 
 // ownsNetns reports whether the spec gives the container a network namespace of its own that
@@ -219,21 +354,22 @@ func ownsNetns(spec *specs.Spec) bool {
 	return false
 }
 
-// Delete deletes the task or exec, and forgets a restore that never started.
+// Delete deletes the task or exec. For a task created from a checkpoint it forgets the record:
+// a restore that never started is cleaned up, and the stdin FIFO held for it is closed once runc
+// deleted the task. Errors are runc's.
 func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	if r.ExecID == "" {
 		s.mu.Lock()
-		plan := s.plans[r.ID]
-		delete(s.plans, r.ID)
-		delete(s.ownNetns, r.ID)
-		hold := s.stdinHolds[r.ID]
-		delete(s.stdinHolds, r.ID)
+		t := s.tasks[r.ID]
+		delete(s.tasks, r.ID)
 		s.mu.Unlock()
-		if plan != nil {
-			plan.cleanup()
-		}
-		if hold != nil {
-			defer hold.Close()
+		if t != nil {
+			if t.plan != nil {
+				t.plan.cleanup()
+			}
+			if t.stdin != nil {
+				defer t.stdin.Close()
+			}
 		}
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
@@ -241,119 +377,18 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 
 // Checkpoint dumps the task with runc/CRIU into r.Path and writes the berth manifest there. The
 // task must be running or paused (containerd pauses it first); otherwise the error is of class
-// errdefs.ErrFailedPrecondition and names the status. When the caller gives no CRIU work
-// directory, the shim uses its own beside the bundle and removes it afterwards.
+// errdefs.ErrFailedPrecondition and names the status. For a container with GPUs the GPU session
+// (gpuSession) checkpoints their device memory first and, unless the task is to exit, gives the
+// GPUs back after the dump; a failure at any step undoes what was done, so the workload keeps
+// running as before, and the error names the process and step. When the caller gives no CRIU work
+// directory, the shim uses its own beside the bundle and removes it afterwards. The manifest's
+// phases are the GPU steps, criu-dump and fingerprint, each in ms. Errors are classified by
+// errorClass.
 func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", r.ID))
-	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
-	if err != nil {
-		return nil, err
+	if err := s.checkpoint(ctx, r); err != nil {
+		return nil, wireError(err)
 	}
-	if st.Status != task.Status_RUNNING && st.Status != task.Status_PAUSED {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: task is %s, not running: %w",
-			r.ID, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition))
-	}
-	if r.Path == "" {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: no image path given: %w", r.ID, errdefs.ErrInvalidArgument))
-	}
-	opts := &options.CheckpointOptions{}
-	if r.Options != nil && r.Options.GetValue() != nil {
-		if err := typeurl.UnmarshalTo(r.Options, opts); err != nil {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: options: %w", r.ID, err))
-		}
-	}
-	workDir := opts.WorkPath
-	if workDir == "" {
-		workDir = filepath.Join(st.Bundle, "berth-criu-work")
-		if err := os.MkdirAll(workDir, 0o700); err != nil {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: %w", r.ID, err))
-		}
-		defer os.RemoveAll(workDir)
-		opts.WorkPath = workDir
-		anyOpts, err := typeurl.MarshalAnyToProto(opts)
-		if err != nil {
-			return nil, errgrpc.ToGRPC(err)
-		}
-		r.Options = anyOpts
-	}
-
-	g, err := s.beginGPUCheckpoint(ctx, r.ID, st)
-	if err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: %w", r.ID, err))
-	}
-	start := s.deps.Now()
-	tail := startTailDigester(ctx, r.Path) // hash the images while CRIU writes them
-	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
-		tail.finish()
-		if g != nil {
-			g.abort(context.WithoutCancel(ctx)) // the workload keeps running, its GPUs unlocked
-		}
-		if tail := criuErrors(filepath.Join(workDir, checkpoint.DumpLogFile), 4); tail != "" {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU says: %s", errgrpc.ToNative(err), tail))
-		}
-		if _, serr := os.Stat(filepath.Join(workDir, checkpoint.DumpLogFile)); serr != nil {
-			// CRIU stopped before it opened its log: it refused its options
-			return nil, errgrpc.ToGRPC(fmt.Errorf("%w; CRIU wrote no log, so it refused its options: check criu_options in %s and the bundle's %s",
-				errgrpc.ToNative(err), s.cfg.Path, criuConfigName))
-		}
-		return nil, err
-	}
-	dumped := s.deps.Now()
-	known := tail.finish()
-	var phases []checkpoint.Phase
-	if g != nil {
-		for _, st := range g.steps {
-			phases = append(phases, checkpoint.Phase{Name: st.Name, Ms: st.Ms})
-		}
-	}
-	phases = append(phases, checkpoint.Phase{Name: "criu-dump", Ms: ms(dumped.Sub(start))})
-	if g != nil && !opts.Exit {
-		n := len(g.steps)
-		if err := g.release(ctx); err != nil {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: written, but giving the GPUs back failed: %w", r.ID, err))
-		}
-		phases = append(phases, g.steps[n:]...)
-		dumped = s.deps.Now()
-	}
-	m := &checkpoint.Manifest{
-		Version: checkpoint.ManifestVersion,
-		Created: start.UTC(),
-		Container: checkpoint.ContainerInfo{
-			ID:      r.ID,
-			Runtime: oci.RuntimeName,
-		},
-		Phases: phases,
-	}
-	if stats, err := s.deps.DumpStats(workDir); err != nil {
-		log.G(ctx).WithError(err).Warn("no CRIU dump statistics")
-	} else {
-		m.CRIU = stats
-	}
-	if fp, err := s.deps.Fingerprint(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: fingerprint: %w", r.ID, err))
-	} else {
-		m.Fingerprint = fp
-	}
-	// a checkpoint's fingerprint lists the container's GPUs, not the node's (none for a
-	// container without GPUs: it can be restored on any node)
-	m.Fingerprint.GPUs = nil
-	if g != nil {
-		g.state.Steps = g.steps
-		m.GPU = g.state
-		m.Fingerprint.GPUs = g.fingerprintGPUs()
-	}
-	m.Phases = append(m.Phases, checkpoint.Phase{Name: "fingerprint", Ms: ms(s.deps.Now().Sub(dumped))})
-	t := s.deps.Now()
-	var err2 error
-	if m.Files, m.ImageSize, err2 = checkpoint.DigestDirKnown(r.Path, known); err2 != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: digest images: %w", r.ID, err2))
-	}
-	if err := checkpoint.WriteManifest(r.Path, m); err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s: write manifest: %w", r.ID, err))
-	}
-	log.G(ctx).WithFields(log.Fields{
-		"path": r.Path, "bytes": m.ImageSize, "criu_ms": ms(dumped.Sub(start)), "manifest_ms": ms(s.deps.Now().Sub(t)),
-	}).Info("checkpoint written")
 	return &ptypes.Empty{}, nil
 }
 
@@ -386,7 +421,7 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), withClass(err, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), mark(err, ErrInvalidSpec))
 	}
 	return &spec, nil
 }
@@ -403,8 +438,6 @@ func writeSpec(bundle string, spec *specs.Spec) error {
 	}
 	return os.Rename(tmp, p)
 }
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // criuErrors returns the last n error lines of a CRIU log, joined with " | ", or "".
 func criuErrors(path string, n int) string {

@@ -214,6 +214,10 @@ func TestDriverOverSocket(t *testing.T) {
 	if u, err := d.Usage(pid); err != nil || u["GPU-a"] != 1<<20 {
 		t.Errorf("Usage = %v, %v", u, err)
 	}
+	inv := (&fake.Backend{Node: n, Drv: d}).Inventory() // the contract's per-process memory
+	if u, err := inv.ProcessMemory(pid); err != nil || len(u) != 1 || u["GPU-a"] != 1<<20 {
+		t.Errorf("ProcessMemory = %v, %v", u, err)
+	}
 	steps := []struct {
 		name    string
 		do      func() error
@@ -272,6 +276,9 @@ func TestDriverOverSocket(t *testing.T) {
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	if _, err := d.State(cmd.Process.Pid); !errors.Is(err, gpu.ErrNotCUDA) {
 		t.Errorf("sleep: %v, want ErrNotCUDA", err)
+	}
+	if u, err := inv.ProcessMemory(cmd.Process.Pid); err != nil || len(u) != 0 {
+		t.Errorf("ProcessMemory(sleep) = %v, %v; want no memory, no error", u, err)
 	}
 	if _, err := d.State(1 << 30); !errors.Is(err, gpu.ErrNotCUDA) {
 		t.Errorf("no such pid: %v, want ErrNotCUDA", err)

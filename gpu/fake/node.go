@@ -177,6 +177,28 @@ func (n *Node) Versions() (gpu.Versions, error) {
 	return gpu.Versions{Driver: n.spec.Driver, DriverMajor: major, CUDA: n.spec.CUDA}, nil
 }
 
+// ProcessMemory returns the device memory host PID pid holds per GPU UUID, in bytes. A fake GPU's
+// memory is known only to the process's fake CUDA context, so it is asked over its control socket
+// (Driver.Usage, at fakecuda.DefaultSocketDir); a process without one holds none (empty map).
+// Errors are Driver.Usage's.
+func (n *Node) ProcessMemory(pid int) (map[string]uint64, error) {
+	return processMemory(&Driver{Node: n}, pid)
+}
+
+func processMemory(d *Driver, pid int) (map[string]uint64, error) {
+	use, err := d.Usage(pid)
+	if errors.Is(err, gpu.ErrNotCUDA) {
+		return map[string]uint64{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if use == nil {
+		use = map[string]uint64{}
+	}
+	return use, nil
+}
+
 // Devices returns the node's GPUs in spec order; MemoryUsed is the size of their memory files.
 func (n *Node) Devices() ([]gpu.Device, error) {
 	out := make([]gpu.Device, 0, len(n.spec.GPUs))

@@ -121,8 +121,9 @@ func AdaptSpec(spec *specs.Spec, devs []gpu.Device, pairs []gpu.UUIDPair) error 
 	return nil
 }
 
-// Backend is a node's real NVIDIA GPUs as a gpu.Backend: the CUDA checkpoint driver, an
-// inventory (NVML), and this package's container convention.
+// Backend is a node's real NVIDIA GPUs as a gpu.Backend: the CUDA checkpoint driver (gpu/cuda),
+// an inventory (gpu/nvml: devices, versions, and the device memory each process holds, from
+// nvmlDeviceGetComputeRunningProcesses), and this package's container convention.
 type Backend struct {
 	Drv gpu.Driver
 	Inv gpu.Inventory

@@ -28,7 +28,24 @@ type Lib interface {
 	NVLinks(index int) ([]NVLink, error)
 	// CommonAncestor is nvmlDeviceGetTopologyCommonAncestor of the GPUs at indices i and j.
 	CommonAncestor(i, j int) (Ancestor, error)
+	// ComputeProcesses is nvmlDeviceGetComputeRunningProcesses of the GPU at index: every process
+	// with a compute (CUDA) context on it and the device memory it uses. An error wraps
+	// gpu.ErrUnsupported when the GPU cannot report it (NVML_ERROR_NOT_SUPPORTED).
+	ComputeProcesses(index int) ([]Process, error)
 }
+
+// Process is one entry of nvmlDeviceGetComputeRunningProcesses.
+type Process struct {
+	// PID is the process's PID as NVML sees it: the host PID for a caller in the host's PID
+	// namespace (the shim).
+	PID int
+	// UsedMemory is usedGpuMemory in bytes, or MemoryNotAvailable.
+	UsedMemory uint64
+}
+
+// MemoryNotAvailable is NVML_VALUE_NOT_AVAILABLE as usedGpuMemory reports it: NVML knows the
+// process but not its memory (for example without the rights to see other users' processes).
+const MemoryNotAvailable = ^uint64(0)
 
 // DeviceInfo is what NVML says about one GPU.
 type DeviceInfo struct {
@@ -207,6 +224,46 @@ func (inv *Inventory) Devices() ([]gpu.Device, error) {
 		devs = append(devs, d)
 	}
 	return devs, nil
+}
+
+// ProcessMemory returns the device memory host PID pid holds on each GPU, in bytes, keyed by GPU
+// UUID, from nvmlDeviceGetComputeRunningProcesses of every GPU (several entries of pid on one GPU,
+// as with MIG, are added up). A GPU that does not list pid is absent. Errors name the GPU index;
+// a value NVML reports as not available (MemoryNotAvailable) or a GPU that cannot list its
+// processes gives an error wrapping gpu.ErrUnsupported.
+func (inv *Inventory) ProcessMemory(pid int) (map[string]uint64, error) {
+	n, err := inv.lib.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("count GPUs: %w", err)
+	}
+	out := map[string]uint64{}
+	for i := range n {
+		procs, err := inv.lib.ComputeProcesses(i)
+		if err != nil {
+			return nil, fmt.Errorf("processes on GPU %d: %w", i, err)
+		}
+		var used uint64
+		listed := false
+		for _, p := range procs {
+			if p.PID != pid {
+				continue
+			}
+			if p.UsedMemory == MemoryNotAvailable {
+				return nil, fmt.Errorf("device memory of pid %d on GPU %d: NVML reports it as not available: %w", pid, i, gpu.ErrUnsupported)
+			}
+			used += p.UsedMemory
+			listed = true
+		}
+		if !listed {
+			continue
+		}
+		info, err := inv.lib.Device(i)
+		if err != nil {
+			return nil, fmt.Errorf("read GPU %d: %w", i, err)
+		}
+		out[info.UUID] += used
+	}
+	return out, nil
 }
 
 // Topology returns the node's GPUs and the link between every pair: NV<n> where the pair shares

@@ -21,6 +21,8 @@ type fakeLib struct {
 	links     [][]NVLink
 	ancestors map[[2]int]Ancestor
 	countErr  error
+	procs     map[int][]Process // GPU index -> nvmlDeviceGetComputeRunningProcesses
+	procsErr  map[int]error
 }
 
 func (f *fakeLib) DriverVersion() (string, error)  { return f.driver, nil }
@@ -34,6 +36,9 @@ func (f *fakeLib) NVLinks(i int) ([]NVLink, error) {
 		return nil, nil
 	}
 	return f.links[i], nil
+}
+func (f *fakeLib) ComputeProcesses(i int) ([]Process, error) {
+	return f.procs[i], f.procsErr[i]
 }
 func (f *fakeLib) CommonAncestor(i, j int) (Ancestor, error) {
 	if i > j {
@@ -272,4 +277,68 @@ func TestOpenFailsClearly(t *testing.T) {
 		t.Fatalf("Open(missing) = %v, want ErrUnsupported", err)
 	}
 	t.Log(err)
+}
+
+func TestProcessMemory(t *testing.T) {
+	devs := []DeviceInfo{{UUID: "GPU-a", Name: "NVIDIA H200"}, {UUID: "GPU-b", Name: "NVIDIA H200"}, {UUID: "GPU-c", Name: "NVIDIA H200"}}
+	tests := []struct {
+		name     string
+		procs    map[int][]Process
+		procsErr map[int]error
+		pid      int
+		want     map[string]uint64
+		wantErr  []string
+		unsup    bool
+	}{
+		{name: "one GPU", pid: 100,
+			procs: map[int][]Process{0: {{PID: 99, UsedMemory: 1 << 30}, {PID: 100, UsedMemory: 512 << 20}}},
+			want:  map[string]uint64{"GPU-a": 512 << 20}},
+		{name: "two GPUs, another process on the third", pid: 100,
+			procs: map[int][]Process{0: {{PID: 100, UsedMemory: 1 << 20}}, 1: {{PID: 100, UsedMemory: 2 << 20}}, 2: {{PID: 7, UsedMemory: 3 << 20}}},
+			want:  map[string]uint64{"GPU-a": 1 << 20, "GPU-b": 2 << 20}},
+		{name: "several entries on one GPU are added", pid: 100,
+			procs: map[int][]Process{1: {{PID: 100, UsedMemory: 1 << 20}, {PID: 100, UsedMemory: 1 << 20}}},
+			want:  map[string]uint64{"GPU-b": 2 << 20}},
+		{name: "listed with no memory yet", pid: 100,
+			procs: map[int][]Process{2: {{PID: 100}}},
+			want:  map[string]uint64{"GPU-c": 0}},
+		{name: "not a CUDA process", pid: 100,
+			procs: map[int][]Process{0: {{PID: 99, UsedMemory: 1 << 20}}},
+			want:  map[string]uint64{}},
+		{name: "value not available", pid: 100,
+			procs:   map[int][]Process{1: {{PID: 100, UsedMemory: MemoryNotAvailable}}},
+			wantErr: []string{"pid 100", "GPU 1", "not available"}, unsup: true},
+		{name: "GPU cannot list processes", pid: 100,
+			procsErr: map[int]error{2: fmt.Errorf("nvmlDeviceGetComputeRunningProcesses: Not Supported: %w", gpu.ErrUnsupported)},
+			wantErr:  []string{"processes on GPU 2", "Not Supported"}, unsup: true},
+		{name: "NVML fails", pid: 100,
+			procsErr: map[int]error{0: errors.New("GPU is lost")},
+			wantErr:  []string{"processes on GPU 0", "GPU is lost"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			inv := New(&fakeLib{devs: devs, procs: tc.procs, procsErr: tc.procsErr})
+			got, err := inv.ProcessMemory(tc.pid)
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("no error; got %v", got)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				if errors.Is(err, gpu.ErrUnsupported) != tc.unsup {
+					t.Errorf("error %q: errors.Is(gpu.ErrUnsupported) = %v, want %v", err, !tc.unsup, tc.unsup)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("ProcessMemory(%d) = %v, want %v", tc.pid, got, tc.want)
+			}
+		})
+	}
 }

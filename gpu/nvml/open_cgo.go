@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/berth-dev/berth/gpu"
 )
 
 // Open loads NVML (libnvidia-ml.so.1, or WithLibraryPath) and initialises it (nvmlInit). Errors
@@ -186,4 +188,23 @@ func (l *nvmlLib) CommonAncestor(i, j int) (Ancestor, error) {
 		return 0, fmt.Errorf("nvmlDeviceGetTopologyCommonAncestor: %w", r)
 	}
 	return Ancestor(lvl), nil
+}
+
+func (l *nvmlLib) ComputeProcesses(i int) ([]Process, error) {
+	d, err := l.device(i)
+	if err != nil {
+		return nil, err
+	}
+	procs, r := d.GetComputeRunningProcesses()
+	if r == nvml.ERROR_NOT_SUPPORTED {
+		return nil, fmt.Errorf("nvmlDeviceGetComputeRunningProcesses: %w: %w", r, gpu.ErrUnsupported)
+	}
+	if r != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvmlDeviceGetComputeRunningProcesses: %w", r)
+	}
+	out := make([]Process, len(procs))
+	for k, p := range procs {
+		out[k] = Process{PID: int(p.Pid), UsedMemory: p.UsedGpuMemory}
+	}
+	return out, nil
 }

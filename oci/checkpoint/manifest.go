@@ -108,3 +108,52 @@ type Phase struct {
 	// Ms is the step's wall time in milliseconds.
 	Ms float64 `json:"ms"`
 }
+
+// Phases times the steps of one checkpoint, restore or move with one clock and keeps them, in
+// the order they ended, as Phase values (wall time in milliseconds, microsecond resolution). The
+// zero value is not usable: make one with NewPhases. It is not safe for concurrent use.
+type Phases struct {
+	now  func() time.Time
+	list []Phase
+}
+
+// NewPhases returns an empty Phases that reads the clock now (time.Now when now is nil).
+func NewPhases(now func() time.Time) *Phases {
+	if now == nil {
+		now = time.Now
+	}
+	return &Phases{now: now}
+}
+
+// Start starts timing the step name and returns the function that ends it: the first call of
+// that function records the phase, later calls do nothing.
+func (p *Phases) Start(name string) (end func()) {
+	start := p.now()
+	done := false
+	return func() {
+		if done {
+			return
+		}
+		done = true
+		p.list = append(p.list, Phase{Name: name, Ms: Millis(p.now().Sub(start))})
+	}
+}
+
+// Time runs fn as the step name and returns fn's error; the phase is recorded whether fn fails
+// or not.
+func (p *Phases) Time(name string, fn func() error) error {
+	defer p.Start(name)()
+	return fn()
+}
+
+// Add records phases measured elsewhere (by another Phases), after those recorded so far.
+func (p *Phases) Add(phases ...Phase) { p.list = append(p.list, phases...) }
+
+// List returns a copy of the phases recorded so far, in the order they ended.
+func (p *Phases) List() []Phase { return append([]Phase(nil), p.list...) }
+
+// Len returns the number of phases recorded so far (List()[Len():] after more steps are the new ones).
+func (p *Phases) Len() int { return len(p.list) }
+
+// Millis is d in milliseconds with microsecond resolution, as Phase.Ms holds it.
+func Millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
