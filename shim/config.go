@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/gpu/backend"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/pelletier/go-toml/v2"
 )
 
@@ -95,7 +96,7 @@ func (c Config) GPULockTimeout() time.Duration {
 // DefaultConfig returns the configuration used when no file exists.
 func DefaultConfig() Config {
 	return Config{
-		CheckpointRoot:   "/var/lib/berth/checkpoints",
+		CheckpointRoot:   checkpoint.DefaultRoot,
 		CRIUOptions:      []string{"tcp-close"},
 		MaxArchiveBytes:  64 << 30,
 		GPU:              "none",

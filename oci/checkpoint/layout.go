@@ -34,3 +34,7 @@ const (
 	// DumpLogFile is CRIU's dump log file name (in the CRIU work directory).
 	DumpLogFile = "dump.log"
 )
+
+// DefaultRoot is the default checkpoint root of a node: the shim's checkpoint_root (the only
+// place restores read from), and where berthctl receive, restore and migrate put checkpoints.
+const DefaultRoot = "/var/lib/berth/checkpoints"

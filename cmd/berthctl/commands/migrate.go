@@ -19,10 +19,6 @@ import (
 	"github.com/berth-dev/berth/oci/transfer"
 )
 
-// DefaultCheckpointRoot is the shim's default checkpoint_root, where receive and restore look
-// (--root).
-const DefaultCheckpointRoot = "/var/lib/berth/checkpoints"
-
 // Migrate is `berthctl migrate`: the source is the containerd of g unless --from names another.
 func Migrate(g *Globals) *cobra.Command {
 	var (
@@ -139,7 +135,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&to, "to", "", "destination containerd socket (required)")
 	f.StringVar(&newID, "id", "", "id of the new container on the destination (default: CONTAINER)")
 	deprecatedAlias(f, &newID, "target-id", "id")
-	f.StringVar(&root, "root", DefaultCheckpointRoot, "destination checkpoint root (the shim's checkpoint_root), for the in-process receiver")
+	f.StringVar(&root, "root", checkpoint.DefaultRoot, "destination checkpoint root (the shim's checkpoint_root), for the in-process receiver")
 	deprecatedAlias(f, &root, "to-root", "root")
 	f.StringVar(&receiver, "receiver", "", "HOST:PORT of a 'berthctl receive' on the destination (default: one in this process)")
 	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate)")

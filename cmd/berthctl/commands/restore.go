@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // restoreResult is what `berthctl restore -o json` prints.
@@ -70,7 +71,7 @@ func Restore(g *Globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "id", "", "id of the new container (required)")
-	f.StringVar(&root, "root", DefaultCheckpointRoot, "checkpoint root (the shim's checkpoint_root)")
+	f.StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root (the shim's checkpoint_root)")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr")
 	output = addFormat(f, formatText, formatJSON)
 	return cmd

@@ -13,6 +13,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/transfer"
 )
 
@@ -154,7 +155,7 @@ object a line ({"event": "listening"|"received"|"rejected", ...}).`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7650", "address to listen on (loopback unless told otherwise)")
-	cmd.Flags().StringVar(&root, "root", DefaultCheckpointRoot, "checkpoint root to write into")
+	cmd.Flags().StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root to write into")
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	return cmd
 }
