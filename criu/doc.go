@@ -6,7 +6,7 @@
 //
 // What belongs here: anything that asks the criu binary something over its RPC (criu swrk) or
 // reads CRIU's image files. What does not: containerd, runc, the shim, or the berth manifest
-// format (package oci owns that; this package only fills checkpoint.CRIUStats).
+// format (package oci/checkpoint owns that; this package only fills checkpoint.CRIUStats).
 //
 // Every call that talks to CRIU starts its own "criu swrk" process, reaps it, and is bounded by
 // a context. Version goes through go-criu, whose calls cannot be cancelled: when ctx ends first,
@@ -16,5 +16,6 @@
 //
 // Errors: ErrNotFound when the binary is missing, ErrTooOld when it is older than MinVersion,
 // ErrFeatureMissing when a required feature is unavailable, ErrBadStats for an unreadable
-// statistics file, ErrBadImage for a malformed (or oversized) image file; all wrapped with the path and values involved, and matched with errors.Is.
+// statistics file, ErrBadImage for a malformed (or oversized) image file; all wrapped with the
+// path and values involved, and matched with errors.Is.
 package criu

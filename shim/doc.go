@@ -25,6 +25,6 @@
 // whose errdefs class comes from one table over berth's sentinel errors (errorClass); the steps
 // below them return native errors.
 //
-// What does not belong here: talking to containerd's API (the client side of a move is cmd/berthctl/move),
-// placement (package nri), and GPU drivers (package gpu).
+// What does not belong here: talking to containerd's API (the client side of a move is
+// cmd/berthctl/move), placement (package nri), and GPU drivers (package gpu).
 package shim

@@ -13,7 +13,7 @@
 // for the offending entry, and removes everything it created when it fails.
 //
 // What belongs here: the tar form of a checkpoint. What does not: the manifest and its digests
-// (package oci; Extract does not verify digests, its caller runs checkpoint.Verify), and moving bytes
+// (package oci/checkpoint; Extract does not verify digests, its caller runs checkpoint.Verify), and moving bytes
 // between nodes (oci/transfer).
 package archive
 

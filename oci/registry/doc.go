@@ -45,6 +45,6 @@
 // the result. A failed Pull removes the directory it created.
 //
 // What belongs here: the checkpoint's OCI artifact form and moving it to and from a registry.
-// What does not: the berth manifest and digests (package oci), the tar form (oci/archive),
+// What does not: the berth manifest and digests (package oci/checkpoint), the tar form (oci/archive),
 // direct node-to-node transfer (oci/transfer), restoring (shim).
 package registry

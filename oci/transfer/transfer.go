@@ -34,7 +34,7 @@
 // "<magic> busy" (all slots in use: ErrBusy) or "<magic> refused: <why>" (ErrRefused).
 //
 // What belongs here: the wire protocol and the receiving side's file handling. What does not:
-// the tar format (oci/archive), manifests and digests (oci), progress display (the CLI: Send only
+// the tar format (oci/archive), manifests and digests (oci/checkpoint), progress display (the CLI: Send only
 // calls a callback), choosing peers or restoring.
 package transfer
 
