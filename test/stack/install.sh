@@ -54,7 +54,13 @@ gobuild containerd github.com/containerd/containerd/v2/cmd/containerd@$CONTAINER
 gobuild ctr github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION &
 wait
 gobuild containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION
-gobuild runc github.com/opencontainers/runc@$RUNC_VERSION
+# runc with seccomp (cgo, libseccomp-dev): the kubelet asks for the RuntimeDefault seccomp profile for
+# every sandbox, and a runc without it fails every such container ("seccomp not supported"). A runc
+# built earlier without the tag (it prints no libseccomp line) is rebuilt.
+if [ -x "$PREFIX/bin/runc" ] && ! "$PREFIX/bin/runc" --version 2>/dev/null | grep -q '^libseccomp:'; then
+  log "runc was built without seccomp: rebuilding"; rm -f "$PREFIX/bin/runc"
+fi
+[ -x "$PREFIX/bin/runc" ] || { log "go install -tags seccomp runc@$RUNC_VERSION"; CGO_ENABLED=1 go install -tags seccomp github.com/opencontainers/runc@$RUNC_VERSION; }
 gobuild crictl sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION
 gobuild checkpointctl github.com/checkpoint-restore/checkpointctl@$CHECKPOINTCTL_VERSION
 # the CNCF distribution registry: the loopback registry of the oci/registry tests (not in KEY: kept if present)
