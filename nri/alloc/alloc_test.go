@@ -394,3 +394,52 @@ func TestManyContainersNoDoubleBooking(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldByNUMA: what containers hold per NUMA node follows allocations, adoptions and
+// releases, and GPUs whose affinity spans nodes are counted apart.
+func TestHeldByNUMA(t *testing.T) {
+	s := newState(t, dgx(t), 0, 112)
+	h := func(numa, excl, shared, gpus, mems int) alloc.Held {
+		return alloc.Held{NUMA: numa, ExclusiveCPUs: excl, SharedCPUs: shared, GPUs: gpus, MemContainers: mems}
+	}
+	steps := []struct {
+		name string
+		do   func() error
+		want []alloc.Held
+	}{
+		{"empty", func() error { return nil }, []alloc.Held{h(0, 0, 112, 0, 0), h(1, 0, 112, 0, 0)}},
+		{"2 GPUs, 4 CPUs on node 0", func() error { _, _, err := s.Allocate(req("a", 2, 4, best)); return err },
+			[]alloc.Held{h(0, 4, 108, 2, 1), h(1, 0, 112, 0, 0)}},
+		{"4 GPUs, 8 CPUs on node 1", func() error { _, _, err := s.Allocate(req("b", 4, 8, single)); return err },
+			[]alloc.Held{h(0, 4, 108, 2, 1), h(1, 8, 104, 4, 1)}},
+		{"shared, unaligned", func() error { _, _, err := s.Allocate(req("c", 0, 0, best)); return err },
+			[]alloc.Held{h(0, 4, 108, 2, 1), h(1, 8, 104, 4, 1)}},
+		{"adopted, memory on both nodes", func() error {
+			return s.Adopt(alloc.Placement{ID: "d", CPUs: ids("50-51"), Exclusive: true, Mems: []int{0, 1}, NUMANodes: []int{0, 1}}, true)
+		}, []alloc.Held{h(0, 6, 106, 2, 2), h(1, 8, 104, 4, 2)}},
+		{"release a", func() error { s.Release("a"); return nil }, []alloc.Held{h(0, 2, 110, 0, 1), h(1, 8, 104, 4, 2)}},
+		{"release the rest", func() error { s.Release("b"); s.Release("c"); s.Release("d"); return nil },
+			[]alloc.Held{h(0, 0, 112, 0, 0), h(1, 0, 112, 0, 0)}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := s.HeldByNUMA(); !slices.Equal(got, st.want) {
+			t.Fatalf("%s: HeldByNUMA = %+v, want %+v", st.name, got, st.want)
+		}
+	}
+
+	// A GPU close to both NUMA nodes of a 2-node machine is reported under NUMA -1.
+	spec := nodetest.Spec{Sockets: 2, NUMAPerSocket: 1, CoresPerNUMA: 2, Threads: 1, MemPerNUMA: 1 << 20}
+	topo := nodetest.Topology(spec, 1, func(int, int) topology.Link { return topology.NV(4) })
+	topo.GPUs[1].NUMA, topo.GPUs[1].CPUs = []int{0, 1}, ids("0-3")
+	s = newState(t, nodetest.Build(t, spec, topo))
+	if _, _, err := s.Allocate(alloc.Request{ID: "e", AssignedGPUs: []int{1}, Policy: none}); err != nil {
+		t.Fatal(err)
+	}
+	want := []alloc.Held{h(0, 0, 2, 0, 0), h(1, 0, 2, 0, 0), h(-1, 0, 0, 1, 0)}
+	if got := s.HeldByNUMA(); !slices.Equal(got, want) {
+		t.Fatalf("spread GPU: HeldByNUMA = %+v, want %+v", got, want)
+	}
+}

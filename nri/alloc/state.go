@@ -447,6 +447,67 @@ func (s *State) FreeByNUMA() []Free {
 	return out
 }
 
+// Held describes what containers hold on NUMA node NUMA (berth-nri's metrics report it).
+type Held struct {
+	// NUMA is the Linux NUMA node id; -1 stands for GPUs whose NUMA affinity is unknown or spans
+	// several nodes (no CPU counts then).
+	NUMA int
+	// ExclusiveCPUs is the number of the node's CPUs a container holds exclusively.
+	ExclusiveCPUs int
+	// SharedCPUs is the number of the node's CPUs in the shared pool (held exclusively by nobody,
+	// reserved CPUs included): what containers without exclusive CPUs run on.
+	SharedCPUs int
+	// GPUs is the number of GPUs close to this node only that a container holds.
+	GPUs int
+	// MemContainers is the number of containers whose cpuset.mems includes this node. Memory
+	// is aligned, not sized: no byte counts are tracked.
+	MemContainers int
+}
+
+// HeldByNUMA returns what containers hold on every NUMA node with CPUs, by ascending id, plus
+// an entry with NUMA -1 when the node has GPUs whose NUMA affinity is unknown or spans nodes
+// (present whether or not they are held, so that the entries depend on the node alone).
+func (s *State) HeldByNUMA() []Held {
+	out := make([]Held, len(s.numaIDs))
+	for p, id := range s.numaIDs {
+		h := Held{NUMA: id}
+		m, _ := s.node.NUMA(id)
+		for _, c := range m.CPUs {
+			if s.owner[c] != "" {
+				h.ExclusiveCPUs++
+			} else {
+				h.SharedCPUs++
+			}
+		}
+		for g, gm := range s.gpuMask {
+			if gm == 1<<p && s.gpuOwner[g] != "" {
+				h.GPUs++
+			}
+		}
+		out[p] = h
+	}
+	other, spread := Held{NUMA: -1}, false
+	for g, gm := range s.gpuMask {
+		if popcount(gm) != 1 {
+			spread = true
+			if s.gpuOwner[g] != "" {
+				other.GPUs++
+			}
+		}
+	}
+	for _, e := range s.ctrs {
+		for _, id := range e.p.Mems {
+			if p, ok := s.numaPos[id]; ok {
+				out[p].MemContainers++
+			}
+		}
+	}
+	if spread {
+		out = append(out, other)
+	}
+	return out
+}
+
 // describeFree renders FreeByNUMA for messages: "node 0: 1 GPU, 30 CPUs; node 1: 0 GPUs, 12 CPUs".
 // exclusive chooses which CPU count is shown (CPUs that can be given exclusively, or the pool).
 func (s *State) describeFree(exclusive bool) string {
