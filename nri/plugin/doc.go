@@ -6,8 +6,8 @@
 //
 // What belongs here: one small method per NRI event (Synchronize, CreateContainer,
 // StopContainer, RemoveContainer), the annotations' syntax, reading GPUs out of a container,
-// building adjustments, the configuration, and Run, which loads the node model and keeps the
-// plugin connected. What does not: the policy (nri/alloc), the GPU-set objective (nri/placement),
+// building adjustments, the configuration, the Prometheus metrics and their HTTP server
+// (ServeMetrics), and Run, which loads the node model and keeps the plugin connected. What does not: the policy (nri/alloc), the GPU-set objective (nri/placement),
 // the node model (nri/node).
 //
 // # Annotations
@@ -32,6 +32,16 @@
 // environment alone is ignored, because CUDA base images set it for every container), and
 // /dev/nvidiaN device nodes of the spec. Names that match no GPU of the node are logged and
 // skipped; MIG devices ("MIG-...", "0:1") count as their parent GPU when it can be told.
+//
+// # Metrics
+//
+// Each Plugin keeps its own metrics and registers them with the registry WithRegisterer passes
+// in (never a global one): decisions by result and policy (berth_nri_placements_total),
+// refusals by the sentinel error they wrap (berth_nri_refusals_total), the decision latency
+// histogram (berth_nri_decision_duration_seconds) and, per NUMA node, exclusive CPUs held, the
+// shared pool, GPUs held and containers bound to its memory (berth_nri_cpus_held,
+// berth_nri_shared_pool_cpus, berth_nri_gpus_held, berth_nri_memory_bound_containers), updated
+// on create, stop, remove, synchronize and node rebuilds. Label values come from fixed sets.
 //
 // Every method answers well within NRI's 2 s request timeout: the node model is built before the
 // plugin connects, and a decision is a few hundred microseconds on an 8-GPU, 224-CPU node.

@@ -3,12 +3,16 @@ package plugin
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/containerd/log"
 	"github.com/containerd/nri/pkg/api"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/nri/alloc"
@@ -24,6 +28,10 @@ type Plugin struct {
 	reserved []int
 	devInfo  DeviceInfo
 	updater  func([]*api.ContainerUpdate)
+	now      func() time.Time
+	reg      prometheus.Registerer
+	metrics  *metrics
+	held     atomic.Pointer[[]alloc.Held] // the state's HeldByNUMA after the last change
 
 	mu       sync.Mutex
 	node     *node.Node
@@ -42,6 +50,14 @@ func WithDeviceInfo(f DeviceInfo) Option { return func(p *Plugin) { p.devInfo = 
 // on its own goroutine. Without it such updates wait for the next event that can return them.
 func WithUpdater(f func([]*api.ContainerUpdate)) Option { return func(p *Plugin) { p.updater = f } }
 
+// WithRegisterer registers the plugin's metrics (see MetricPlacements and the names beside it)
+// with r, one registry per plugin. Without it they are kept but exported nowhere.
+func WithRegisterer(r prometheus.Registerer) Option { return func(p *Plugin) { p.reg = r } }
+
+// WithClock replaces the clock that times decisions for MetricDecisionDuration (default
+// time.Now).
+func WithClock(now func() time.Time) Option { return func(p *Plugin) { p.now = now } }
+
 // New returns a plugin for node n with configuration cfg (validated here). Errors name the
 // configuration key.
 func New(cfg Config, n *node.Node, opts ...Option) (*Plugin, error) {
@@ -49,12 +65,18 @@ func New(cfg Config, n *node.Node, opts ...Option) (*Plugin, error) {
 		return nil, fmt.Errorf("berth-nri config: %w", err)
 	}
 	pol, _ := alloc.ParsePolicy(cfg.Policy)
-	p := &Plugin{cfg: cfg, policy: pol, reserved: cfg.Reserved(), devInfo: HostDevices(cfg.DevRoot)}
+	p := &Plugin{cfg: cfg, policy: pol, reserved: cfg.Reserved(), devInfo: HostDevices(cfg.DevRoot), now: time.Now, metrics: newMetrics()}
 	for _, o := range opts {
 		o(p)
 	}
 	if err := p.setNode(n); err != nil {
 		return nil, err
+	}
+	p.publish()
+	if p.reg != nil {
+		if err := p.register(p.reg); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -87,6 +109,7 @@ func (p *Plugin) SetNode(ctx context.Context, n *node.Node) error {
 	old.Each(func(pl alloc.Placement, managed bool) {
 		p.adopt(ctx, pl, managed)
 	})
+	p.publish()
 	log.G(ctx).WithField("containers", p.state.Len()).Info("berth-nri: node model rebuilt")
 	return nil
 }
@@ -145,6 +168,7 @@ func (p *Plugin) Synchronize(ctx context.Context, _ []*api.PodSandbox, ctrs []*a
 			managed++
 		}
 	}
+	p.publish()
 	log.G(ctx).WithField("containers", len(live)).WithField("placed-by-berth", managed).
 		WithField("free", p.freeSummary()).Info("berth-nri: synchronized")
 	return nil, nil
@@ -177,12 +201,18 @@ func (p *Plugin) observe(ctx context.Context, c *api.Container) (alloc.Placement
 // CreateContainer places the container and answers with its adjustment and the cpuset updates
 // of shared containers whose pool shrank. Any error leaves the state unchanged, returns no
 // adjustment and fails the creation with a message that says why in node terms.
-func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, c *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, retErr error) {
+	start := p.now()
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", c.GetId()).WithField("pod", pod.GetNamespace()+"/"+pod.GetName()).
 		WithField("container", c.GetName()))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, notes, err := p.request(pod, c)
+	policy := string(r.Policy)
+	if errors.Is(err, alloc.ErrUnknownPolicy) {
+		policy = policyUnknown
+	}
+	defer func() { p.metrics.decided(policy, retErr, start, p.now()) }()
 	for _, n := range notes {
 		log.G(ctx).Warn("berth-nri: " + n)
 	}
@@ -197,6 +227,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, c *ap
 	}
 	adj := p.adjustment(pl)
 	ups := p.state.Commit(pl)
+	p.publish()
 	for _, w := range pl.Warnings {
 		log.G(ctx).Warn("berth-nri: " + w)
 	}
@@ -213,6 +244,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, c *api.
 	ups, ok := p.state.Release(c.GetId())
 	if ok {
 		log.G(ctx).WithField("id", c.GetId()).WithField("updates", len(ups)).Info("berth-nri: released")
+		p.publish()
 	}
 	return updates(ups), nil
 }
@@ -224,6 +256,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, c *ap
 	ups, ok := p.state.Release(c.GetId())
 	if ok {
 		log.G(ctx).WithField("id", c.GetId()).Info("berth-nri: released on remove")
+		p.publish()
 	}
 	if len(ups) > 0 && p.updater != nil {
 		go p.updater(updates(ups))

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-dev/berth/gpu"
@@ -124,12 +125,12 @@ func startRuntime(t *testing.T) *runtime {
 }
 
 // connect starts a fresh berth-nri plugin on the runtime's socket and waits until it is
-// synchronized and registered; it returns the plugin, the updates its Synchronize asked for, and
-// a function that stops it.
-func (rt *runtime) connect(cfg plugin.Config) (*plugin.Plugin, []*api.ContainerUpdate, func()) {
+// synchronized and registered (opts add to WithDeviceInfo(fakeDevices)); it returns the plugin,
+// the updates its Synchronize asked for, and a function that stops it.
+func (rt *runtime) connect(cfg plugin.Config, opts ...plugin.Option) (*plugin.Plugin, []*api.ContainerUpdate, func()) {
 	t := rt.t
 	cfg.Socket = rt.sock
-	p, err := plugin.New(cfg, dgxNode, plugin.WithDeviceInfo(fakeDevices))
+	p, err := plugin.New(cfg, dgxNode, append([]plugin.Option{plugin.WithDeviceInfo(fakeDevices)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,38 +348,61 @@ func TestRuntimeCreateRestartStop(t *testing.T) {
 	}
 }
 
-// TestRuntimeBadInput: every bad request fails the creation with a clear error and changes
-// nothing; the next good request gets what it would have got.
+// TestRuntimeBadInput: every bad request fails the creation with a clear error, is counted under
+// its refusal reason and policy, and changes nothing; the next good request gets what it would
+// have got.
 func TestRuntimeBadInput(t *testing.T) {
 	rt := startRuntime(t)
-	_, _, stop := rt.connect(cfg())
+	reg := prometheus.NewRegistry()
+	_, _, stop := rt.connect(cfg(), plugin.WithRegisterer(reg))
 	defer stop()
+	if _, _, err := rt.create("dup", ctrSpec{name: "dup"}); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name string
-		cs   ctrSpec
-		want string
+		name   string
+		cs     ctrSpec
+		want   string
+		reason string
+		policy string
 	}{
-		{"words", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "two"}}, `berth.dev/gpus="two": want a whole number of GPUs`},
-		{"negative", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "-1"}}, `berth.dev/gpus="-1": want a whole number`},
-		{"fraction", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1.5"}}, `"1.5"`},
-		{"empty", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: ""}}, `berth.dev/gpus=""`},
-		{"huge", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "99999999999999999999"}}, "too many GPUs"},
-		{"larger than node", ctrSpec{annotations: gpus(9)}, "it asks for 9 GPUs; this node has 8 GPUs"},
-		{"too many CPUs", ctrSpec{cpus: 300}, "it asks for 300 exclusive CPUs; this node can give at most 223"},
-		{"unknown policy", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1", oci.AnnotationNUMAPolicy: "tight"}}, `unknown NUMA policy "tight"`},
+		{"words", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "two"}}, `berth.dev/gpus="two": want a whole number of GPUs`, plugin.ReasonBadAnnotation, "best-effort"},
+		{"negative", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "-1"}}, `berth.dev/gpus="-1": want a whole number`, plugin.ReasonBadAnnotation, "best-effort"},
+		{"fraction", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1.5"}}, `"1.5"`, plugin.ReasonBadAnnotation, "best-effort"},
+		{"empty", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: ""}}, `berth.dev/gpus=""`, plugin.ReasonBadAnnotation, "best-effort"},
+		{"huge", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "99999999999999999999"}}, "too many GPUs", plugin.ReasonBadAnnotation, "best-effort"},
+		{"larger than node", ctrSpec{annotations: gpus(9)}, "it asks for 9 GPUs; this node has 8 GPUs", plugin.ReasonUnplaceable, "best-effort"},
+		{"too many CPUs", ctrSpec{cpus: 300}, "it asks for 300 exclusive CPUs; this node can give at most 223", plugin.ReasonUnplaceable, "best-effort"},
+		{"unknown policy", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "1", oci.AnnotationNUMAPolicy: "tight"}}, `unknown NUMA policy "tight"`, plugin.ReasonUnknownPolicy, "unknown"},
 		{"single-numa 8", ctrSpec{annotations: map[string]string{oci.AnnotationGPUs: "8", oci.AnnotationNUMAPolicy: "single-numa-node"}},
-			"no single NUMA node can hold 8 free GPUs even when empty; free now: node 0: 4 GPUs (0-3), 112 CPUs; node 1: 4 GPUs (4-7), 112 CPUs"},
-		{"count disagrees with CDI", ctrSpec{annotations: gpus(2), cdi: []string{"nvidia.com/gpu=" + uuid(5)}}, `berth.dev/gpus="2", but the container already has GPUs 5`},
+			"no single NUMA node can hold 8 free GPUs even when empty; free now: node 0: 4 GPUs (0-3), 112 CPUs; node 1: 4 GPUs (4-7), 112 CPUs",
+			plugin.ReasonUnplaceable, "single-numa-node"},
+		{"count disagrees with CDI", ctrSpec{annotations: gpus(2), cdi: []string{"nvidia.com/gpu=" + uuid(5)}}, `berth.dev/gpus="2", but the container already has GPUs 5`,
+			plugin.ReasonBadAnnotation, "best-effort"},
+		{"same id twice", ctrSpec{name: "dup", annotations: map[string]string{oci.AnnotationNUMAPolicy: "restricted"}}, "container ctr-dup is already placed",
+			plugin.ReasonConflict, "restricted"},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.cs.name = fmt.Sprintf("bad%d", i)
+			if tt.cs.name == "" {
+				tt.cs.name = fmt.Sprintf("bad%d", i)
+			}
+			refusals, refused := gathered(t, reg, plugin.MetricRefusals, "reason", tt.reason), gathered(t, reg, plugin.MetricPlacements, "result", "refused", "policy", tt.policy)
 			adj, _, err := rt.create("bad", tt.cs)
 			if err == nil || !strings.Contains(err.Error(), tt.want) || adj != nil {
 				t.Fatalf("create = %v, %v; want an error containing %q", adj, err, tt.want)
 			}
+			if got := gathered(t, reg, plugin.MetricRefusals, "reason", tt.reason); got != refusals+1 {
+				t.Errorf("%s{reason=%q} = %v, want %v", plugin.MetricRefusals, tt.reason, got, refusals+1)
+			}
+			if got := gathered(t, reg, plugin.MetricPlacements, "result", "refused", "policy", tt.policy); got != refused+1 {
+				t.Errorf("%s{result=refused,policy=%q} = %v, want %v", plugin.MetricPlacements, tt.policy, got, refused+1)
+			}
 			t.Log(err)
 		})
+	}
+	if got := gathered(t, reg, plugin.MetricRefusals, "reason", plugin.ReasonOther); got != 0 {
+		t.Errorf("refusals of reason other: %v", got)
 	}
 	adj, _, err := rt.create("good", ctrSpec{name: "good", annotations: gpus(2), cpus: 2})
 	if err != nil {
@@ -433,7 +457,8 @@ func TestRuntimeCDIAndAssigned(t *testing.T) {
 // TestConcurrentCreates calls the plugin from many goroutines at once: no CPU or GPU is given
 // twice, and every request that fits is placed.
 func TestConcurrentCreates(t *testing.T) {
-	p, err := plugin.New(cfg(), dgxNode, plugin.WithDeviceInfo(fakeDevices))
+	reg := prometheus.NewRegistry()
+	p, err := plugin.New(cfg(), dgxNode, plugin.WithDeviceInfo(fakeDevices), plugin.WithRegisterer(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,6 +503,19 @@ func TestConcurrentCreates(t *testing.T) {
 	// 40 x 5 CPUs = 200 <= 223, 8 x 1 GPU: everything fits.
 	if placed != 40 || len(gpuOwner) != 8 || len(cpuOwner) != 200 {
 		t.Fatalf("placed %d, GPUs %d, CPUs %d; errors %v", placed, len(gpuOwner), len(cpuOwner), errs)
+	}
+	// Every decision was counted once, and the gauges add up to what was placed.
+	fams := gather(t, reg)
+	if got := value(t, fams, plugin.MetricPlacements, "result", "placed", "policy", "best-effort"); got != 40 {
+		t.Errorf("placements counted: %v, want 40", got)
+	}
+	if h := metric(t, fams, plugin.MetricDecisionDuration).GetHistogram(); h.GetSampleCount() != 40 {
+		t.Errorf("decisions timed: %d, want 40", h.GetSampleCount())
+	}
+	cpus := value(t, fams, plugin.MetricCPUsHeld, "numa_node", "0") + value(t, fams, plugin.MetricCPUsHeld, "numa_node", "1")
+	gpus := value(t, fams, plugin.MetricGPUsHeld, "numa_node", "0") + value(t, fams, plugin.MetricGPUsHeld, "numa_node", "1")
+	if cpus != 200 || gpus != 8 {
+		t.Errorf("gauges: %v CPUs and %v GPUs held, want 200 and 8", cpus, gpus)
 	}
 }
 
