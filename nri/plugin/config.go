@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
@@ -57,6 +59,10 @@ type Config struct {
 	// and UUID files) are checked for changes, which rebuild the model outside any request.
 	// 0 disables. Default 30.
 	RefreshSeconds int `toml:"refresh_seconds"`
+	// MetricsAddress is the TCP address ("host:port") where berth-nri serves Prometheus metrics
+	// at /metrics; "" disables the listener. An empty host listens on every address of the
+	// network namespace (a pod's IP in a DaemonSet). Default "127.0.0.1:9464".
+	MetricsAddress string `toml:"metrics_address"`
 }
 
 // DefaultConfig returns the configuration used for keys a file does not set.
@@ -71,6 +77,7 @@ func DefaultConfig() Config {
 		CDIKind:        "nvidia.com/gpu",
 		DevRoot:        "/dev",
 		RefreshSeconds: 30,
+		MetricsAddress: "127.0.0.1:9464",
 	}
 }
 
@@ -149,6 +156,15 @@ func (c Config) Validate() error {
 	}
 	if c.RefreshSeconds < 0 {
 		return fmt.Errorf("refresh_seconds %d: must be >= 0", c.RefreshSeconds)
+	}
+	if c.MetricsAddress != "" {
+		_, port, err := net.SplitHostPort(c.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics_address %q: want host:port, or \"\" to disable: %w", c.MetricsAddress, err)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+			return fmt.Errorf("metrics_address %q: port %q is not a number from 0 to 65535", c.MetricsAddress, port)
+		}
 	}
 	return nil
 }

@@ -83,6 +83,11 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil || c.Policy != "single-numa-node" || !c.CDI || !reflect.DeepEqual(c.Reserved(), []int{0, 112}) || c.Socket != "/var/run/nri/nri.sock" {
 		t.Fatalf("LoadConfig = %+v, %v", c, err)
 	}
+	for _, addr := range []string{"", ":9464", "[::1]:0", "0.0.0.0:65535"} {
+		if c, err := plugin.LoadConfig(write("metrics_address = \""+addr+"\"\n"), true); err != nil || c.MetricsAddress != addr {
+			t.Errorf("metrics_address %q: %+v, %v", addr, c.MetricsAddress, err)
+		}
+	}
 	bad := []struct{ text, want string }{
 		{`policy = "tight"`, `unknown NUMA policy "tight"`},
 		{`reserved_cpus = "0-x"`, "reserved_cpus"},
@@ -93,6 +98,10 @@ func TestLoadConfig(t *testing.T) {
 		{`gpu_uuids = ["GPU-a"]`, "set topology_file too"},
 		{"gpu_uuids = [\"GPU-a\"]\ngpu_uuids_file = \"/x\"\ntopology_file = \"/t\"", "at most one"},
 		{`refresh_seconds = -1`, "refresh_seconds"},
+		{`metrics_address = "9464"`, "want host:port"},
+		{`metrics_address = "127.0.0.1:http"`, "not a number"},
+		{`metrics_address = "127.0.0.1:65536"`, "not a number"},
+		{`metrics_address = ":-1"`, "not a number"},
 		{`polcy = "none"`, "unknown keys"},
 		{`policy = `, "parse berth-nri config"},
 	}

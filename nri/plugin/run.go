@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -151,15 +152,16 @@ func readBounded(path string) ([]byte, error) {
 // Run loads the node model, connects to the NRI socket and serves events until ctx is done. When
 // the connection drops (containerd restarted) it reconnects every second; each connection starts
 // with Synchronize. Every cfg.Refresh() it re-reads the node's inputs and, if they changed,
-// rebuilds the model outside any request. It returns nil when ctx is cancelled, or the first
-// error that cannot be retried (the model cannot be built, the plugin cannot be created).
-func Run(ctx context.Context, cfg Config) error {
+// rebuilds the model outside any request. opts configure the plugin (WithRegisterer for its
+// metrics). It returns nil when ctx is cancelled, or the first error that cannot be retried (the
+// model cannot be built, the plugin cannot be created).
+func Run(ctx context.Context, cfg Config, opts ...Option) error {
 	n, fp, err := LoadNode(cfg)
 	if err != nil {
 		return fmt.Errorf("build node model: %w", err)
 	}
 	var cur atomic.Pointer[stub.Stub]
-	p, err := New(cfg, n, WithUpdater(func(ups []*api.ContainerUpdate) {
+	p, err := New(cfg, n, append(slices.Clone(opts), WithUpdater(func(ups []*api.ContainerUpdate) {
 		st := cur.Load()
 		if st == nil {
 			return
@@ -167,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if failed, err := (*st).UpdateContainers(ups); err != nil || len(failed) > 0 {
 			log.G(ctx).WithError(err).WithField("failed", len(failed)).Warn("berth-nri: unsolicited cpuset update failed")
 		}
-	}))
+	}))...)
 	if err != nil {
 		return err
 	}
