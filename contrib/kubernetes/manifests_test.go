@@ -7,10 +7,12 @@ package kubernetes_test
 import (
 	"bytes"
 	"maps"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -354,6 +356,32 @@ func TestNRIPlugin(t *testing.T) {
 	}
 	if !ok {
 		t.Errorf("NRI socket %q is not inside a writable mount of the host's /var/run/nri", cfg.Socket)
+	}
+	checkMetricsPort(t, cfg.MetricsAddress, c, ds.Spec.Template.Annotations)
+}
+
+// checkMetricsPort: berth-nri's metrics listener is reachable at the pod's IP on a container
+// port named metrics, and the pod's Prometheus annotations name that port.
+func checkMetricsPort(t *testing.T, address string, c corev1.Container, annotations map[string]string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		t.Fatalf("metrics_address %q: %v (the DaemonSet exposes metrics)", address, err)
+	}
+	if host != "" && host != "0.0.0.0" && host != "::" {
+		t.Errorf("metrics_address %q: listens on %s only; Prometheus scrapes the pod's IP", address, host)
+	}
+	exposed := false
+	for _, p := range c.Ports {
+		if p.Name == "metrics" && strconv.Itoa(int(p.ContainerPort)) == port && p.Protocol == corev1.ProtocolTCP {
+			exposed = true
+		}
+	}
+	if !exposed {
+		t.Errorf("container %s has no TCP port named metrics = %s (metrics_address %q): %+v", c.Name, port, address, c.Ports)
+	}
+	if annotations["prometheus.io/scrape"] != "true" || annotations["prometheus.io/port"] != port || annotations["prometheus.io/path"] != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %q, path /metrics", annotations, port)
 	}
 }
 
