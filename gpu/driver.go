@@ -68,6 +68,8 @@ type Driver interface {
 	Checkpoint(pid int) error
 	// Restore brings a checkpointed process's device memory back onto GPUs (state LOCKED). pairs
 	// remap the checkpoint's GPUs to this node's (nil: the same GPUs); remapping needs driver >= 580.
+	// A GPU without the free memory the process needs refuses it with ErrOutOfMemory, or, as the
+	// real driver can, never answers: the caller bounds it (and kills the process on expiry).
 	Restore(pid int, pairs []UUIDPair) error
 	// Unlock lets a locked process's CUDA work run again (state RUNNING).
 	Unlock(pid int) error
@@ -83,6 +85,11 @@ var (
 	ErrIllegalState = errors.New("illegal state for this call")
 	// ErrUnsupported: the driver lacks the API (too old, MIG or MPS in use, no driver).
 	ErrUnsupported = errors.New("not supported by this driver")
+	// ErrOutOfMemory: the GPU has too little free device memory for the call (an allocation, or
+	// a Restore of a checkpointed process onto it; CUDA_ERROR_OUT_OF_MEMORY). A refused Restore
+	// leaves the process CHECKPOINTED. The real driver may instead never return from a Restore
+	// onto a full GPU: callers bound Restore with their own timeout.
+	ErrOutOfMemory = errors.New("out of memory")
 )
 
 // Minimum driver versions for the checkpoint API and for UUID remapping on restore.
