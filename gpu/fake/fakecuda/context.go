@@ -12,6 +12,12 @@
 // and maps them back at the same addresses, so the process's pointers stay valid. While a process
 // is LOCKED or CHECKPOINTED, Do and Malloc block, as CUDA calls do; in FAILED they fail.
 //
+// Device memory is accounted per GPU as the driver does (see Account): it counts against the
+// GPU's memory while its process lives and is freed once the process has exited, however it
+// exited; a Malloc or a Restore the GPU's free memory cannot take is refused with
+// gpu.ErrOutOfMemory, or, for a Restore where the GPU's RestoreWhenFullFile says FullHang, never
+// answers, as the real driver's can.
+//
 // What does not belong here: the node side (gpu/fake) and the shim's driver (gpu/fake.Driver).
 package fakecuda
 
@@ -26,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -257,8 +264,10 @@ func (c *Context) Do(f func()) error {
 }
 
 // Malloc allocates bytes bytes of zeroed device memory on the context's GPU dev (device order)
-// and returns it. Like Do, it blocks while the context is not RUNNING. It fails when the GPU's
-// memory (its MemoryFile, when present) would be exceeded. Do not call it from inside Do.
+// and returns it. Like Do, it blocks while the context is not RUNNING. It fails, wrapping
+// gpu.ErrOutOfMemory and naming the GPU, the bytes requested and the bytes free, when the GPU's
+// free memory (its MemoryFile, when present, less what live processes and reservations hold; see
+// Account) is too small. Do not call it from inside Do.
 func (c *Context) Malloc(dev, bytes int) ([]byte, error) {
 	if bytes <= 0 {
 		return nil, fmt.Errorf("fakecuda malloc: %d bytes", bytes)
@@ -275,13 +284,19 @@ func (c *Context) Malloc(dev, bytes int) ([]byte, error) {
 	d := c.devs[dev]
 	page := os.Getpagesize()
 	mapLen := (bytes + page - 1) / page * page
+	unlock, err := lockGPUs(d.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("fakecuda malloc: %w", err)
+	}
+	defer unlock()
 	if total, err := readUint(filepath.Join(d.Dir, MemoryFile)); err == nil {
-		used, err := DirMemoryUsed(d.Dir)
+		mem, err := account(d.Dir)
 		if err != nil {
 			return nil, fmt.Errorf("fakecuda malloc: %w", err)
 		}
-		if used+uint64(mapLen) > total {
-			return nil, fmt.Errorf("fakecuda malloc: %d bytes on %s: out of memory (%d of %d used)", bytes, d.UUID, used, total)
+		if mem.Used+uint64(mapLen) > total {
+			return nil, fmt.Errorf("fakecuda malloc: %d bytes requested on GPU %s, %d bytes free of %d: %w",
+				bytes, d.UUID, free(total, mem.Used), total, gpu.ErrOutOfMemory)
 		}
 	}
 	b := &buffer{size: bytes, mapLen: mapLen, uuid: d.UUID}
@@ -373,7 +388,8 @@ func (c *Context) createMem(dir string, size int) (string, int, error) {
 	return path, fd, nil
 }
 
-// DirMemoryUsed returns the sum of the sizes of the device memory files in a GPU directory.
+// DirMemoryUsed returns the sum of the sizes of the device memory files in a GPU directory, as
+// they lie: files of exited processes included (Account frees those first).
 func DirMemoryUsed(dir string) (uint64, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -394,6 +410,13 @@ func DirMemoryUsed(dir string) (uint64, error) {
 		sum += uint64(fi.Size())
 	}
 	return sum, nil
+}
+
+func free(total, used uint64) uint64 {
+	if used > total {
+		return 0
+	}
+	return total - used
 }
 
 func readUint(path string) (uint64, error) {
@@ -510,6 +533,9 @@ func (c *Context) handle(req Request) Response {
 		err = opErr(CodeBadRequest, "unknown op %q", req.Op)
 	}
 	resp.State = c.State()
+	if errors.Is(err, gpu.ErrOutOfMemory) {
+		err = &opError{code: CodeOutOfMemory, err: err}
+	}
 	if err != nil {
 		resp.Error = err.Error()
 		resp.Code = CodeFailed
@@ -615,7 +641,11 @@ func (b *buffer) toHost() error {
 // on its GPU (same UUID, or pairs' New for its Old) found under the device root, mapped back at
 // the same address. Remapping (a pair with New != Old) needs driver >= 580: driver is the node's
 // version, or "" to read it from the first GPU's DriverFile; an older one is refused
-// (unsupported, still CHECKPOINTED). A GPU that is not there fails the context (FAILED).
+// (unsupported, still CHECKPOINTED). A GPU that is not there fails the context (FAILED). A GPU
+// whose free memory (see Account) is less than what the process needs on it does what its
+// RestoreWhenFullFile says: FullRefuse (default) returns an error wrapping gpu.ErrOutOfMemory
+// that names the GPU, the bytes needed and the bytes free, the context still CHECKPOINTED;
+// FullHang never returns until the context is closed (the process exits).
 func (c *Context) Restore(pairs []gpu.UUIDPair, driver string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -654,17 +684,65 @@ func (c *Context) Restore(pairs []gpu.UUIDPair, driver string) error {
 	for _, d := range devs {
 		byUUID[d.UUID] = d
 	}
+	need := map[string]uint64{} // target UUID -> bytes
+	from := map[string][]string{}
+	var dirs []string
 	for _, b := range c.bufs {
 		target := b.uuid
 		if n, ok := remap[b.uuid]; ok {
 			target = n
 		}
-		if _, ok := byUUID[target]; !ok {
+		d, ok := byUUID[target]
+		if !ok {
 			err := fmt.Errorf("restore: GPU %s (checkpointed on %s) is not present under %s", target, b.uuid, c.devRoot)
 			c.fail(err)
 			return &opError{code: CodeFailed, err: err}
 		}
+		if _, seen := need[target]; !seen {
+			dirs = append(dirs, d.Dir)
+		}
+		need[target] += uint64(b.mapLen)
+		if !slices.Contains(from[target], b.uuid) {
+			from[target] = append(from[target], b.uuid)
+		}
 	}
+	unlock, err := lockGPUs(dirs...)
+	if err != nil {
+		return opErr(CodeFailed, "restore: %v", err) // nothing placed: still CHECKPOINTED
+	}
+	for _, d := range devs {
+		n, ok := need[d.UUID]
+		if !ok {
+			continue
+		}
+		total, err := readUint(filepath.Join(d.Dir, MemoryFile))
+		if err != nil {
+			continue // no memory size: no limit
+		}
+		mem, err := account(d.Dir)
+		if err != nil {
+			unlock()
+			return opErr(CodeFailed, "restore: GPU %s: %v", d.UUID, err)
+		}
+		if mem.Used+n <= total {
+			continue
+		}
+		mode, merr := restoreWhenFull(d.Dir)
+		unlock()
+		if merr != nil {
+			return opErr(CodeFailed, "restore: %v", merr)
+		}
+		if mode == FullHang {
+			// The real driver's stuck case: no answer, ever; the process must be killed.
+			for !c.closed {
+				c.cond.Wait()
+			}
+			return opErr(CodeFailed, "restore: GPU %s full, hung until the context closed", d.UUID)
+		}
+		return fmt.Errorf("restore: GPU %s (checkpointed on %s): %d bytes needed, %d bytes free of %d: %w",
+			d.UUID, strings.Join(from[d.UUID], ","), n, free(total, mem.Used), total, gpu.ErrOutOfMemory)
+	}
+	defer unlock()
 	for _, b := range c.bufs {
 		target := b.uuid
 		if n, ok := remap[b.uuid]; ok {

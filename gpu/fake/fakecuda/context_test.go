@@ -3,6 +3,7 @@ package fakecuda_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -439,5 +440,102 @@ func TestMallocLimits(t *testing.T) {
 	}
 	if _, err := fakecuda.InitWith(fakecuda.Options{DevRoot: t.TempDir(), SocketDir: sockDir(t)}); err == nil {
 		t.Errorf("Init without GPUs: no error")
+	}
+}
+
+// TestOutOfMemory checks the refusals of a full GPU, as cudaMalloc and the checkpoint API's
+// restore give them: errors.Is gpu.ErrOutOfMemory, naming the GPU, the bytes requested (needed)
+// and the bytes free; a refused restore places nothing and leaves the context CHECKPOINTED, and
+// succeeds once the memory is free. Concurrent allocations never over-commit the GPU.
+func TestOutOfMemory(t *testing.T) {
+	n := node(t, t.TempDir(), "580.65.06", "GPU-a", "GPU-b") // 64 MiB each
+	a := initCtx(t, devRoot(t, n, "GPU-a", "GPU-b"))
+	b := initCtx(t, devRoot(t, n, "GPU-a", "GPU-b"))
+	if _, err := a.Malloc(0, 50<<20); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Malloc(0, 20<<20+1)
+	if !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("malloc beyond the free memory: %v, want ErrOutOfMemory", err)
+	}
+	for _, w := range []string{"GPU GPU-a", "20971521 bytes requested", "14680064 bytes free of 67108864"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("malloc error %q does not say %q", err, w)
+		}
+	}
+
+	// a's 50 MiB on GPU-a, checkpointed, then restored onto GPU-b where b took 20 MiB
+	if err := a.Lock(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	bb, err := b.Malloc(1, 20<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB, _ := n.Dir("GPU-b")
+	before := memFiles(t, dirB)
+	err = a.Restore([]gpu.UUIDPair{{Old: "GPU-a", New: "GPU-b"}}, "")
+	if !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("restore onto a GPU without room: %v, want ErrOutOfMemory", err)
+	}
+	for _, w := range []string{"GPU GPU-b (checkpointed on GPU-a)", fmt.Sprintf("%d bytes needed", 50<<20), fmt.Sprintf("%d bytes free of %d", 44<<20, 64<<20)} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("restore error %q does not say %q", err, w)
+		}
+	}
+	if s := a.State(); s != gpu.StateCheckpointed {
+		t.Errorf("state after a refused restore %s, want checkpointed", s)
+	}
+	if f := memFiles(t, dirB); len(f) != len(before) {
+		t.Errorf("a refused restore placed memory: %v", f)
+	}
+	if err := b.Free(bb); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restore([]gpu.UUIDPair{{Old: "GPU-a", New: "GPU-b"}}, ""); err != nil {
+		t.Fatalf("restore once GPU-b has room: %v", err)
+	}
+
+	// Racing allocations of 1 MiB from 4 contexts on GPU-b, where a's 50 MiB leave 14 MiB free:
+	// exactly 14 succeed.
+	var ctxs []*fakecuda.Context
+	for range 4 {
+		ctxs = append(ctxs, initCtx(t, devRoot(t, n, "GPU-b")))
+	}
+	var ok atomic.Int32
+	done := make(chan struct{})
+	for _, c := range ctxs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 10 {
+				if _, err := c.Malloc(0, 1<<20); err == nil {
+					ok.Add(1)
+				} else if !errors.Is(err, gpu.ErrOutOfMemory) {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	for range ctxs {
+		<-done
+	}
+	if got := ok.Load(); got != 14 {
+		t.Errorf("%d racing 1 MiB allocations succeeded on a GPU with 14 MiB free, want 14", got)
+	}
+	if devs, _ := n.Devices(); devs[1].MemoryUsed != 64<<20 {
+		t.Errorf("GPU-b used %d, want all of it", devs[1].MemoryUsed)
+	}
+}
+
+func TestIsProcessFile(t *testing.T) {
+	for name, want := range map[string]bool{
+		"mem-12-0a1b2c3d-1": true, "mem-1-x-1": false, "mem-fill": false, "mem-12-0a1b2c3d-": false, "uuid": false,
+	} {
+		if got := fakecuda.IsProcessFile(name); got != want {
+			t.Errorf("IsProcessFile(%q) = %v", name, got)
+		}
 	}
 }

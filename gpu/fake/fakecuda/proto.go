@@ -18,6 +18,23 @@ const (
 	DriverFile = "driver"
 	// MemPrefix starts the name of every device memory file in a GPU directory.
 	MemPrefix = "mem-"
+	// LockFile is the file in a GPU directory whose flock serializes its memory accounting.
+	LockFile = "lock"
+	// RestoreWhenFullFile is the file in a GPU directory that says what a restore onto the GPU
+	// does when the GPU lacks the free memory the process needs: FullRefuse (the default, also
+	// when the file is absent) or FullHang.
+	RestoreWhenFullFile = "restore-when-full"
+)
+
+// Modes of RestoreWhenFullFile.
+const (
+	// FullRefuse: the restore fails with CodeOutOfMemory (gpu.ErrOutOfMemory) and the process
+	// stays CHECKPOINTED, nothing placed on any GPU.
+	FullRefuse = "refuse"
+	// FullHang: the restore never answers, as the real driver's can on a full GPU; the process
+	// stays CHECKPOINTED, its control thread stuck (every later control call goes unanswered),
+	// until it exits. Nothing is placed on any GPU, and no GPU lock is held meanwhile.
+	FullHang = "hang"
 )
 
 // Ops of the control protocol: one JSON Request per line, answered by one JSON Response line.
@@ -38,6 +55,7 @@ const (
 	CodeUnsupported  = "unsupported"
 	CodeFailed       = "failed"
 	CodeBadRequest   = "bad-request"
+	CodeOutOfMemory  = "out-of-memory"
 )
 
 // Request is one control request.
