@@ -27,19 +27,9 @@ func NewBackend(root string) (*Backend, error) {
 // Driver returns the fake checkpoint driver.
 func (b *Backend) Driver() gpu.Driver { return b.Drv }
 
-// Inventory returns the node's fake GPUs; ProcessMemory asks the process through b.Drv (its
-// SocketDir).
-func (b *Backend) Inventory() gpu.Inventory { return inventory{Node: b.Node, drv: b.Drv} }
-
-// inventory is a Node whose ProcessMemory uses the backend's driver.
-type inventory struct {
-	*Node
-	drv *Driver
-}
-
-func (i inventory) ProcessMemory(pid int) (map[string]uint64, error) {
-	return processMemory(i.drv, pid)
-}
+// Inventory returns the node's fake GPUs (Node: devices, versions and per-process memory as the
+// driver accounts them).
+func (b *Backend) Inventory() gpu.Inventory { return b.Node }
 
 // ContainerGPUs returns the UUIDs in the spec's BERTH_FAKE_GPUS, in container order.
 func (b *Backend) ContainerGPUs(spec *specs.Spec) ([]string, error) { return ContainerGPUs(spec) }

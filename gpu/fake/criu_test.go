@@ -18,7 +18,9 @@ import (
 	"github.com/berth-dev/berth/gpu/fake/fakecuda"
 )
 
-// childEnv makes the test binary a fake CUDA process (see TestMain): "devroot:sockdir:status".
+// childEnv makes the test binary a fake CUDA process (see TestMain):
+// "devroot:sockdir:status[:exit]"; with ":exit" it exits (status 0, without freeing its device
+// memory) after its third check.
 const childEnv = "BERTH_FAKECUDA_CHILD"
 
 func TestMain(m *testing.M) {
@@ -31,8 +33,12 @@ func TestMain(m *testing.M) {
 // child holds 4 MiB of device memory with a known pattern and, as GPU work every 10 ms, checks
 // it and writes "ok N" (N checks so far) or what went wrong to the status file.
 func child(arg string) int {
-	parts := strings.SplitN(arg, ":", 3)
+	parts := strings.SplitN(arg, ":", 4)
 	status := parts[2]
+	exitAfter := 0
+	if len(parts) == 4 && parts[3] == "exit" {
+		exitAfter = 3
+	}
 	report := func(s string) {
 		_ = os.WriteFile(status+".tmp", []byte(s), 0o644)
 		_ = os.Rename(status+".tmp", status)
@@ -64,6 +70,9 @@ func child(arg string) int {
 			return 1
 		}
 		report(fmt.Sprintf("ok %d", n))
+		if n == exitAfter {
+			return 0 // as a process that never frees its device memory
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
@@ -237,6 +246,29 @@ func TestCRIUMove(t *testing.T) {
 			}
 			if got := waitProgress(t, status, before, 2*time.Second); got != tt.wantRuns {
 				t.Fatalf("progress after restore: %v, want %v (status %d, before %d)", got, tt.wantRuns, progress(t, status), before)
+			}
+			if !tt.gpuRestore {
+				return
+			}
+			// The moved process's memory is on node 2's GPU, accounted to it; killed, it leaves
+			// no orphan there.
+			if u, err := n2.ProcessMemory(pid); err != nil || len(u) != 1 || u["GPU-b"] != 4<<20 {
+				t.Errorf("ProcessMemory of the restored process = %v, %v; want GPU-b: 4 MiB", u, err)
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			var devs []gpu.Device
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				if devs, err = n2.Devices(); err != nil || devs[0].MemoryUsed == 0 {
+					break
+				}
+			}
+			if err != nil || devs[0].MemoryUsed != 0 {
+				t.Errorf("node 2 after the moved process was killed: %+v, %v; want GPU-b free", devs, err)
+			}
+			if f := memFiles(t, d2); len(f) != 0 {
+				t.Errorf("device memory files left on node 2: %v", f)
 			}
 		})
 	}

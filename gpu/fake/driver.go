@@ -71,7 +71,10 @@ func (d *Driver) Checkpoint(pid int) error {
 	return err
 }
 
-// Restore brings pid's device memory back onto its GPUs, remapped by pairs.
+// Restore brings pid's device memory back onto its GPUs, remapped by pairs. A destination GPU
+// without the free memory the process needs refuses it (gpu.ErrOutOfMemory, the process still
+// CHECKPOINTED), or, where the node's RestoreWhenFull is fakecuda.FullHang, never answers: the
+// call then fails after CallTimeout with gpu.ErrTimeout, and the process stays stuck until killed.
 func (d *Driver) Restore(pid int, pairs []gpu.UUIDPair) error {
 	req := fakecuda.Request{Op: fakecuda.OpRestore, Pairs: pairs}
 	if d.Node != nil {
@@ -207,9 +210,12 @@ func (d *Driver) call(pid int, step string, req fakecuda.Request, extra time.Dur
 		kind = gpu.ErrTimeout
 	case fakecuda.CodeUnsupported:
 		kind = gpu.ErrUnsupported
+	case fakecuda.CodeOutOfMemory:
+		kind = gpu.ErrOutOfMemory
 	}
 	if kind != nil {
-		return resp, wrap(fmt.Errorf("%s (state %s): %w", resp.Error, resp.State, kind))
+		msg := strings.TrimSuffix(resp.Error, ": "+kind.Error())
+		return resp, wrap(fmt.Errorf("%s (state %s): %w", msg, resp.State, kind))
 	}
 	return resp, wrap(fmt.Errorf("%s (state %s)", resp.Error, resp.State))
 }

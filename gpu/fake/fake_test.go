@@ -71,6 +71,7 @@ func TestSetupOpenInventory(t *testing.T) {
 		{"bad uuid", spec("580.1", "a")},
 		{"slash in uuid", spec("580.1", "GPU-a/b")},
 		{"duplicate", spec("580.1", "GPU-a", "GPU-a")},
+		{"restoreWhenFull", func() fake.NodeSpec { s := spec("580.1", "GPU-a"); s.RestoreWhenFull = "wait"; return s }()},
 	}
 	for _, tt := range bad {
 		if _, err := fake.Setup(t.TempDir(), tt.spec); err == nil {

@@ -10,10 +10,20 @@
 //	root/<uuid>/uuid        the GPU's UUID
 //	root/<uuid>/memory      its memory in bytes
 //	root/<uuid>/driver      the node's driver version
+//	root/<uuid>/restore-when-full  what a restore onto the GPU does when it is full ("refuse", "hang")
+//	root/<uuid>/lock        flock'd while the GPU's memory is accounted or allocated
 //	root/<uuid>/mem-*       device memory of processes (MAP_SHARED files)
 //
 // A container's GPU i is root/<uuid_i> bind-mounted at /dev/berth-gpu/<i>, and its environment
 // names them in order: BERTH_FAKE_GPUS=<uuid_0>,<uuid_1>.
+//
+// Device memory is accounted as the driver does (fakecuda.Account): a process's memory counts
+// against its GPU's total while the process lives, and is freed (its files deleted) at the next
+// accounting once it has exited, however it exited; an allocation or a restore the GPU's free
+// memory cannot take is refused, or, for a restore on a node whose NodeSpec.RestoreWhenFull is
+// fakecuda.FullHang, hangs as the real driver's can. A mem-* file not named as a process's
+// (fakecuda.IsProcessFile), such as "mem-fill", is memory held outside any CUDA process of the
+// node: counted, never freed by the accounting (tests fill a GPU with one).
 package fake
 
 import (
@@ -28,6 +38,7 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/fake/fakecuda"
@@ -48,6 +59,10 @@ type NodeSpec struct {
 	Driver string    `json:"driver"`
 	CUDA   string    `json:"cuda"`
 	GPUs   []GPUSpec `json:"gpus"`
+	// RestoreWhenFull is what a CUDA restore onto a GPU without enough free memory does:
+	// fakecuda.FullRefuse (also "": the restore fails with gpu.ErrOutOfMemory) or
+	// fakecuda.FullHang (it never answers, as the real driver's can, until the process is killed).
+	RestoreWhenFull string `json:"restoreWhenFull,omitempty"`
 }
 
 // GPUSpec is one fake GPU.
@@ -56,7 +71,7 @@ type GPUSpec struct {
 	UUID string `json:"uuid"`
 	// Name is the model ("Fake H200").
 	Name string `json:"name"`
-	// MemoryBytes is the GPU's memory; Malloc fails beyond it.
+	// MemoryBytes is the GPU's memory; Malloc and restores fail beyond it.
 	MemoryBytes uint64 `json:"memoryBytes"`
 	// Arch and ComputeCapability are reported as they are.
 	Arch              string `json:"arch,omitempty"`
@@ -82,15 +97,26 @@ func Setup(root string, spec NodeSpec) (*Node, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("fake GPU setup: %w", err)
 		}
+		full := spec.RestoreWhenFull
+		if full == "" {
+			full = fakecuda.FullRefuse
+		}
 		for name, val := range map[string]string{
-			fakecuda.UUIDFile:   g.UUID,
-			fakecuda.MemoryFile: strconv.FormatUint(g.MemoryBytes, 10),
-			fakecuda.DriverFile: spec.Driver,
+			fakecuda.UUIDFile:            g.UUID,
+			fakecuda.MemoryFile:          strconv.FormatUint(g.MemoryBytes, 10),
+			fakecuda.DriverFile:          spec.Driver,
+			fakecuda.RestoreWhenFullFile: full,
 		} {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(val+"\n"), 0o644); err != nil {
 				return nil, fmt.Errorf("fake GPU setup: %w", err)
 			}
 		}
+		// the lock file is never truncated or replaced: a process may hold its flock
+		f, err := os.OpenFile(filepath.Join(dir, fakecuda.LockFile), os.O_CREATE|os.O_RDONLY, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("fake GPU setup: %w", err)
+		}
+		f.Close()
 	}
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
@@ -126,6 +152,11 @@ func Open(root string) (*Node, error) {
 func validate(spec NodeSpec) error {
 	if _, err := parseMajor(spec.Driver); err != nil {
 		return err
+	}
+	switch spec.RestoreWhenFull {
+	case "", fakecuda.FullRefuse, fakecuda.FullHang:
+	default:
+		return fmt.Errorf("restoreWhenFull %q: want %q or %q", spec.RestoreWhenFull, fakecuda.FullRefuse, fakecuda.FullHang)
 	}
 	seen := map[string]bool{}
 	for i, g := range spec.GPUs {
@@ -177,34 +208,89 @@ func (n *Node) Versions() (gpu.Versions, error) {
 	return gpu.Versions{Driver: n.spec.Driver, DriverMajor: major, CUDA: n.spec.CUDA}, nil
 }
 
-// ProcessMemory returns the device memory host PID pid holds per GPU UUID, in bytes. A fake GPU's
-// memory is known only to the process's fake CUDA context, so it is asked over its control socket
-// (Driver.Usage, at fakecuda.DefaultSocketDir); a process without one holds none (empty map).
-// Errors are Driver.Usage's.
-func (n *Node) ProcessMemory(pid int) (map[string]uint64, error) {
-	return processMemory(&Driver{Node: n}, pid)
+// SetRestoreWhenFull sets what a CUDA restore onto a full GPU of the node does from now on
+// (NodeSpec.RestoreWhenFull: fakecuda.FullRefuse or fakecuda.FullHang), for every GPU, in the
+// node's files: processes read it at each restore, shims that open the node later see it.
+func (n *Node) SetRestoreWhenFull(mode string) error {
+	spec := n.Spec()
+	spec.RestoreWhenFull = mode
+	if _, err := Setup(n.root, spec); err != nil {
+		return err
+	}
+	n.spec = spec
+	return nil
 }
 
-func processMemory(d *Driver, pid int) (map[string]uint64, error) {
-	use, err := d.Usage(pid)
-	if errors.Is(err, gpu.ErrNotCUDA) {
-		return map[string]uint64{}, nil
+// ProcessMemory returns the device memory host PID pid holds on each of the node's GPUs, keyed
+// by UUID, in bytes, as the driver accounts it (NVML's per-process used memory): the size of
+// every device memory file of the GPU that pid maps, found by device and inode in
+// /proc/<pid>/maps, so it does not ask the process (which may be locked, or stuck in a restore).
+// A process without device memory (not a CUDA process, a CHECKPOINTED one, or one that has
+// exited) gets an empty map; reading another user's maps needs root (else an error wrapping
+// gpu.ErrUnsupported).
+func (n *Node) ProcessMemory(pid int) (map[string]uint64, error) {
+	type file struct {
+		uuid string
+		size uint64
+	}
+	files := map[[2]uint64]file{} // {dev, ino}
+	for _, g := range n.spec.GPUs {
+		dir := filepath.Join(n.root, g.UUID)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("fake GPU %s: %w", g.UUID, err)
+		}
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), fakecuda.MemPrefix) {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(dir, e.Name()), &st); err != nil {
+				continue // freed meanwhile
+			}
+			files[[2]uint64{st.Dev, st.Ino}] = file{g.UUID, uint64(st.Size)}
+		}
+	}
+	use := map[string]uint64{}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return use, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fake GPU memory of pid %d: %w: %w", pid, err, gpu.ErrUnsupported)
 	}
-	if use == nil {
-		use = map[string]uint64{}
+	seen := map[[2]uint64]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		// address perms offset dev inode [path]
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		var major, minor uint32
+		if _, err := fmt.Sscanf(f[3], "%x:%x", &major, &minor); err != nil {
+			continue
+		}
+		ino, err := strconv.ParseUint(f[4], 10, 64)
+		if err != nil || ino == 0 {
+			continue
+		}
+		k := [2]uint64{unix.Mkdev(major, minor), ino}
+		if fl, ok := files[k]; ok && !seen[k] {
+			seen[k] = true
+			use[fl.uuid] += fl.size
+		}
 	}
 	return use, nil
 }
 
-// Devices returns the node's GPUs in spec order; MemoryUsed is the size of their memory files.
+// Devices returns the node's GPUs in spec order. MemoryUsed is what live processes (and
+// reservations) hold: the device memory of processes that have exited is freed first
+// (fakecuda.Account deletes their files), as the driver frees it.
 func (n *Node) Devices() ([]gpu.Device, error) {
 	out := make([]gpu.Device, 0, len(n.spec.GPUs))
 	for i, g := range n.spec.GPUs {
 		dir := filepath.Join(n.root, g.UUID)
-		used, err := fakecuda.DirMemoryUsed(dir)
+		mem, err := fakecuda.Account(dir)
 		if err != nil {
 			return nil, fmt.Errorf("fake GPU %s: %w", g.UUID, err)
 		}
@@ -215,7 +301,7 @@ func (n *Node) Devices() ([]gpu.Device, error) {
 			Arch:              g.Arch,
 			ComputeCapability: g.ComputeCapability,
 			MemoryTotal:       g.MemoryBytes,
-			MemoryUsed:        used,
+			MemoryUsed:        mem.Used,
 			NUMANode:          -1,
 			DevicePaths:       []string{dir},
 			Persistence:       true,
