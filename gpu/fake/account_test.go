@@ -228,6 +228,25 @@ func TestProcessMemoryMatchesAllocations(t *testing.T) {
 	if u, err := inv.ProcessMemory(1 << 30); err != nil || len(u) != 0 {
 		t.Errorf("ProcessMemory(no such pid) = %v, %v; want none", u, err)
 	}
+
+	// Where the node says per-process memory is not available (as NVML may), every Node of the
+	// root (the shim's, opened earlier) fails with ErrUnsupported until it is available again.
+	other, err := fake.Open(n.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.SetProcessMemoryUnavailable(true); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := inv.ProcessMemory(pid); !errors.Is(err, gpu.ErrUnsupported) || !strings.Contains(err.Error(), "not available") {
+		t.Errorf("ProcessMemory where not available = %v, %v; want ErrUnsupported", u, err)
+	}
+	if err := other.SetProcessMemoryUnavailable(false); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := inv.ProcessMemory(pid); err != nil || !maps(u, want) {
+		t.Errorf("ProcessMemory available again = %v, %v; want %v", u, err, want)
+	}
 }
 
 // TestRestoreOntoFullGPU checkpoints a process holding 40 MiB of a 64 MiB GPU, lets another

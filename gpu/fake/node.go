@@ -7,6 +7,7 @@
 // Layout of a node's root:
 //
 //	root/inventory.json     NodeSpec
+//	root/process-memory-unavailable  present: per-process memory is not available (as NVML may say)
 //	root/<uuid>/uuid        the GPU's UUID
 //	root/<uuid>/memory      its memory in bytes
 //	root/<uuid>/driver      the node's driver version
@@ -47,6 +48,9 @@ import (
 const (
 	// InventoryFile is the name of a node root's NodeSpec file.
 	InventoryFile = "inventory.json"
+	// ProcessMemoryUnavailableFile is present in a node root whose NodeSpec has
+	// ProcessMemoryUnavailable; ProcessMemory looks for it at each call.
+	ProcessMemoryUnavailableFile = "process-memory-unavailable"
 	// EnvGPUs is the container environment variable naming its fake GPUs in device order.
 	EnvGPUs = "BERTH_FAKE_GPUS"
 	// DevRoot is where a container sees its fake GPUs (fakecuda.DefaultDevRoot).
@@ -63,6 +67,10 @@ type NodeSpec struct {
 	// fakecuda.FullRefuse (also "": the restore fails with gpu.ErrOutOfMemory) or
 	// fakecuda.FullHang (it never answers, as the real driver's can, until the process is killed).
 	RestoreWhenFull string `json:"restoreWhenFull,omitempty"`
+	// ProcessMemoryUnavailable makes ProcessMemory fail with gpu.ErrUnsupported, as NVML does
+	// where it reports a process's used memory as not available: a checkpoint then records no
+	// device memory, so a restore's preflight cannot refuse a full GPU and the driver meets it.
+	ProcessMemoryUnavailable bool `json:"processMemoryUnavailable,omitempty"`
 }
 
 // GPUSpec is one fake GPU.
@@ -117,6 +125,16 @@ func Setup(root string, spec NodeSpec) (*Node, error) {
 			return nil, fmt.Errorf("fake GPU setup: %w", err)
 		}
 		f.Close()
+	}
+	unavailable := filepath.Join(root, ProcessMemoryUnavailableFile)
+	var err error
+	if spec.ProcessMemoryUnavailable {
+		err = os.WriteFile(unavailable, nil, 0o644)
+	} else if err = os.Remove(unavailable); errors.Is(err, os.ErrNotExist) {
+		err = nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fake GPU setup: %w", err)
 	}
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
@@ -221,14 +239,31 @@ func (n *Node) SetRestoreWhenFull(mode string) error {
 	return nil
 }
 
+// SetProcessMemoryUnavailable sets NodeSpec.ProcessMemoryUnavailable from now on, in the node's
+// files (ProcessMemory of every Node of this root sees it at its next call).
+func (n *Node) SetProcessMemoryUnavailable(unavailable bool) error {
+	spec := n.Spec()
+	spec.ProcessMemoryUnavailable = unavailable
+	if _, err := Setup(n.root, spec); err != nil {
+		return err
+	}
+	n.spec = spec
+	return nil
+}
+
 // ProcessMemory returns the device memory host PID pid holds on each of the node's GPUs, keyed
 // by UUID, in bytes, as the driver accounts it (NVML's per-process used memory): the size of
 // every device memory file of the GPU that pid maps, found by device and inode in
 // /proc/<pid>/maps, so it does not ask the process (which may be locked, or stuck in a restore).
 // A process without device memory (not a CUDA process, a CHECKPOINTED one, or one that has
 // exited) gets an empty map; reading another user's maps needs root (else an error wrapping
-// gpu.ErrUnsupported).
+// gpu.ErrUnsupported). Where the node's NodeSpec has ProcessMemoryUnavailable, it fails wrapping
+// gpu.ErrUnsupported.
 func (n *Node) ProcessMemory(pid int) (map[string]uint64, error) {
+	if _, err := os.Stat(filepath.Join(n.root, ProcessMemoryUnavailableFile)); err == nil {
+		return nil, fmt.Errorf("fake GPU node %s: device memory of pid %d: not available (%s): %w",
+			n.root, pid, ProcessMemoryUnavailableFile, gpu.ErrUnsupported)
+	}
 	type file struct {
 		uuid string
 		size uint64
