@@ -80,7 +80,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 			return nil, err
 		}
 		defer f.Close()
-		plan.extracted = dest
+		plan.extracted, plan.archive = dest, path
 		if err := berthArchive.Extract(f, dest, berthArchive.Limits{
 			MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes, MaxEntries: MaxArchiveEntries,
 		}); err != nil {
@@ -116,9 +116,9 @@ func (s *Service) prepareContainerdRestore(ctx context.Context, r *taskAPI.Creat
 	}
 	if !s.deps.Trust.AllowUnsigned {
 		return nil, fmt.Errorf("checkpoint %s has no berth manifest, so nothing proves who made it: %w (restore checkpoints taken with the berth runtime, or set allow_unsigned = true in %s on a single-node lab)",
-			plan.dir, signature.ErrUnsigned, s.configName())
+			plan.name(), signature.ErrUnsigned, s.configName())
 	}
-	log.G(ctx).WithField("checkpoint", plan.dir).Warn("allow_unsigned: restoring a checkpoint without a berth manifest: nothing proves who made it")
+	log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: restoring a checkpoint without a berth manifest: nothing proves who made it")
 	if err := plan.statNow(); err != nil {
 		return nil, err
 	}
@@ -151,28 +151,28 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 		return err
 	}
 	dstNS := spec.Annotations[oci.AnnotationCRISandboxNamespace]
-	m, signed, err := s.verifySignature(ctx, plan.dir, signedDir, dstNS)
+	m, signed, err := s.verifySignature(ctx, plan.name(), signedDir, dstNS)
 	if err != nil {
 		return err
 	}
 	stamped, err := checkpoint.VerifyHeld(signedDir, strings.Replace(signedDir, root, plan.dir, 1), m)
-	log.G(ctx).WithFields(log.Fields{"checkpoint": plan.dir, "receiver_stamp": stamped}).Debug("checkpoint digests verified")
+	log.G(ctx).WithFields(log.Fields{"checkpoint": plan.name(), "receiver_stamp": stamped}).Debug("checkpoint digests verified")
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: %w", plan.dir, err)
+		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
 	}
 	after, err := checkpoint.StatDir(root)
 	if err != nil {
 		return err
 	}
 	if err := before.Same(after); err != nil {
-		return fmt.Errorf("checkpoint %s changed while it was verified: %w", plan.dir, err)
+		return fmt.Errorf("checkpoint %s changed while it was verified: %w", plan.name(), err)
 	}
 	plan.stat, plan.manifest = after, m
-	if err := s.compareFingerprint(ctx, plan.dir, m); err != nil {
+	if err := s.compareFingerprint(ctx, plan.name(), m); err != nil {
 		return err
 	}
 	src := sourceOf(root, m, atTop)
-	if err := s.checkNamespace(plan.dir, src.namespace, dstNS); err != nil {
+	if err := s.checkNamespace(plan.name(), src.namespace, dstNS); err != nil {
 		return err
 	}
 	if err := s.checkProcesses(plan, spec); err != nil {
@@ -181,13 +181,13 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 	switch {
 	case src.security != nil:
 		if err := privilege.CheckContainer(*src.security, spec); err != nil {
-			return fmt.Errorf("checkpoint %s: %w", plan.dir, err)
+			return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
 		}
 	case signed:
 		return fmt.Errorf("checkpoint %s: its signed manifest records no security context of the source container, so the restore cannot be compared with this pod's spec: %w",
-			plan.dir, ErrNoSecurityContext)
+			plan.name(), ErrNoSecurityContext)
 	default:
-		log.G(ctx).WithField("checkpoint", plan.dir).Warn("allow_unsigned: the checkpoint records no security context of its source container; only its processes' credentials are compared with the spec")
+		log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: the checkpoint records no security context of its source container; only its processes' credentials are compared with the spec")
 	}
 	if withDiff {
 		if plan.rootfsDiff, err = s.chooseRootfsDiff(ctx, plan, atTop); err != nil {
@@ -254,10 +254,10 @@ func sourceOf(root string, m *checkpoint.Manifest, atTop bool) source {
 func (s *Service) checkProcesses(plan *restorePlan, spec *specs.Spec) error {
 	procs, err := s.deps.ReadProcesses(plan.images())
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: read the credentials of its processes: %w", plan.dir, err)
+		return fmt.Errorf("checkpoint %s: read the credentials of its processes: %w", plan.name(), err)
 	}
 	if err := privilege.CheckProcesses(procs, spec); err != nil {
-		return fmt.Errorf("checkpoint %s: %w", plan.dir, err)
+		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
 	}
 	return nil
 }
@@ -328,22 +328,22 @@ func (s *Service) chooseRootfsDiff(ctx context.Context, plan *restorePlan, atTop
 	case exists(checkpoint.RootfsDiffFile):
 		entries, err := s.scanRootfsDiff(filepath.Join(root, checkpoint.RootfsDiffFile))
 		if err != nil {
-			return "", fmt.Errorf("checkpoint %s: %s: %w", plan.dir, checkpoint.RootfsDiffFile, err)
+			return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), checkpoint.RootfsDiffFile, err)
 		}
 		if entries == 0 {
 			return "", nil
 		}
 		if !s.deps.Trust.AllowUnsigned {
 			return "", mark(fmt.Errorf("checkpoint %s: %s (%d entries) is not covered by a signature: containerd wrote it after berth signed the CRIU images, and the checkpoint has no %s/%s of berth's own; sign the whole archive on its source node with `berthctl checkpoint push` (its top-level %s covers every file), or take the checkpoint again with this berth, which records the rootfs diff beside the images",
-				plan.dir, checkpoint.RootfsDiffFile, entries, checkpoint.ImagesDir, checkpoint.ImagesRootfsDiffFile, checkpoint.ManifestFile), ErrUncoveredRootfsDiff)
+				plan.name(), checkpoint.RootfsDiffFile, entries, checkpoint.ImagesDir, checkpoint.ImagesRootfsDiffFile, checkpoint.ManifestFile), ErrUncoveredRootfsDiff)
 		}
-		log.G(ctx).WithField("checkpoint", plan.dir).Warn("allow_unsigned: applying a rootfs diff that no signature covers")
+		log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: applying a rootfs diff that no signature covers")
 		return checkpoint.RootfsDiffFile, nil
 	default:
 		return "", nil
 	}
 	if _, err := s.scanRootfsDiff(filepath.Join(root, choice)); err != nil {
-		return "", fmt.Errorf("checkpoint %s: %s: %w", plan.dir, choice, err)
+		return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), choice, err)
 	}
 	return choice, nil
 }
@@ -359,7 +359,7 @@ func (s *Service) applyRootfsDiff(ctx context.Context, p *restorePlan, rootfs st
 		return err
 	}
 	if err := s.applyDiff(ctx, filepath.Join(p.root(), p.rootfsDiff), rootfs); err != nil {
-		return fmt.Errorf("apply %s of checkpoint %s to the rootfs: %w", p.rootfsDiff, p.dir, err)
+		return fmt.Errorf("apply %s of checkpoint %s to the rootfs: %w", p.rootfsDiff, p.name(), err)
 	}
 	return nil
 }
@@ -375,7 +375,8 @@ func (s *Service) configName() string {
 // restorePlan is a checkpoint that Create verified and admitted, held open until Start so that
 // runc restores exactly what was verified.
 type restorePlan struct {
-	dir       string // the checkpoint directory (for messages): as resolved, or extracted
+	dir       string // the checkpoint directory: as resolved, or extracted
+	archive   string // the archive dir was extracted from; "" when none
 	extracted string // directory extracted from an archive, removed by cleanup; "" when none
 	// held is dir, opened in Create; every check reads through it (root), and runc restores from
 	// heldImages, the CRIU image directory inside it (/proc/<shim>/fd/N): a directory swapped in
@@ -431,6 +432,14 @@ func (p *restorePlan) images() string { return fdPath("self", p.heldImages) }
 // runcImages is the held CRIU image directory's path for runc, a child of this process.
 func (p *restorePlan) runcImages() string { return fdPath(fmt.Sprint(os.Getpid()), p.heldImages) }
 
+// name names the checkpoint in messages: its archive, or its directory.
+func (p *restorePlan) name() string {
+	if p.archive != "" {
+		return p.archive
+	}
+	return p.dir
+}
+
 // imagesDir is the CRIU image directory's path as named, for messages.
 func (p *restorePlan) imagesDir() string {
 	if p.imagesSub {
@@ -447,7 +456,7 @@ func (p *restorePlan) unchanged() error {
 		err = p.stat.Same(now)
 	}
 	if err != nil {
-		return p.named(fmt.Errorf("checkpoint %s is not what Create verified: %w", p.dir, err))
+		return p.named(fmt.Errorf("checkpoint %s is not what Create verified: %w", p.name(), err))
 	}
 	return nil
 }
@@ -458,7 +467,7 @@ func (p *restorePlan) named(err error) error {
 	if err == nil || p.held == nil {
 		return err
 	}
-	return renamed{err: err, old: p.root(), new: p.dir}
+	return renamed{err: err, old: p.root(), new: p.name()}
 }
 
 // cleanup releases the held directories and removes an extracted archive. It may be called

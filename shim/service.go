@@ -343,7 +343,7 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 			// wait for the exit: the caller deletes the task next, which needs it stopped
 			_, _ = s.TTRPCTaskService.Wait(ctx, &taskAPI.WaitRequest{ID: r.ID})
 		}
-		return nil, fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, gpuErr, t.plan.dir)
+		return nil, fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, gpuErr, t.plan.name())
 	}
 	log.G(ctx).WithFields(restoreFields(report)).Info("restored with CRIU")
 	return resp, nil

@@ -33,8 +33,9 @@ type Cluster struct {
 const Namespace = "berth-test"
 
 // StartCluster builds berth (into dir/bin), builds the test images (cached in
-// <repo>/_output/images), and starts n nodes under dir with the images imported. On error,
-// nodes already started are stopped.
+// <repo>/_output/images), and starts n nodes under dir with the images imported, each with a
+// signing key of its own and trusting every node's (TrustEachOther). On error, nodes already
+// started are stopped.
 func StartCluster(ctx context.Context, dir string, n int) (_ *Cluster, retErr error) {
 	return StartClusterWith(ctx, dir, n, Options{})
 }
@@ -93,6 +94,9 @@ func StartClusterWith(ctx context.Context, dir string, n int, tmpl Options) (_ *
 				return nil, err
 			}
 		}
+	}
+	if err := c.TrustEachOther(); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
