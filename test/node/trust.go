@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/berth-dev/berth/oci/signature"
@@ -108,33 +109,45 @@ func trustedKeysLine(keys []signature.TrustedKey) string {
 	return "trusted_keys = [" + strings.Join(items, ", ") + "]"
 }
 
-// BerthctlEnv is the environment to run berthctl with on behalf of this node: the process's own
-// with BERTH_SHIM_CONFIG naming the node's shim.toml, from which berthctl takes the node's
-// signing key, trusted keys and checkpoint root.
-func (n *Node) BerthctlEnv() []string {
-	return append(filterEnv(os.Environ(), "BERTH_SHIM_CONFIG"), "BERTH_SHIM_CONFIG="+n.ShimConfig())
+// EnvShimConfig is the environment variable that names a shim configuration file; berthctl
+// reads its trust keys (signing_key, trusted_keys) from the same file.
+const EnvShimConfig = "BERTH_SHIM_CONFIG"
+
+// writeBerthctlConfig gives the cluster an operator key of its own (dir/berthctl.key, .pub) and
+// writes dir/berthctl.toml, the configuration berthctl runs with in the cluster's tests and demo
+// (EnvShimConfig names it): it signs what berthctl writes (the top-level manifest of a move, a
+// pushed CRI archive) with the operator key and trusts every node's key and its own, as an
+// operator's berthctl would be set up. Every node trusts the operator key (TrustEachOther).
+func (c *Cluster) writeBerthctlConfig(dir string) error {
+	c.BerthctlKey, c.BerthctlPublicKey = filepath.Join(dir, "berthctl.key"), filepath.Join(dir, "berthctl.pub")
+	if err := WriteKeyPair(c.BerthctlKey, c.BerthctlPublicKey); err != nil {
+		return err
+	}
+	c.BerthctlConfig = filepath.Join(dir, "berthctl.toml")
+	body := fmt.Sprintf("signing_key = %q\n%s\n", c.BerthctlKey, trustedKeysLine(c.Trusted().Keys))
+	return os.WriteFile(c.BerthctlConfig, []byte(body), 0o644)
 }
 
 // TrustEachOther sets every node's trusted_keys to the public keys of all nodes of the cluster
-// (for every namespace), allow_unsigned off: signing is on, as on a real cluster.
+// and of its operator key (Trusted), allow_unsigned off: signing is on, as on a real cluster.
 func (c *Cluster) TrustEachOther() error {
-	var keys []signature.TrustedKey
 	for _, n := range c.Nodes {
-		keys = append(keys, signature.TrustedKey{Path: n.PublicKey})
-	}
-	for _, n := range c.Nodes {
-		if _, err := n.SetTrust(Trust{Keys: keys}); err != nil {
+		if _, err := n.SetTrust(c.Trusted()); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// Trusted returns the trust of a node of c that trusts every node of c (TrustEachOther's).
+// Trusted is the trust of the cluster's nodes (TrustEachOther's): every node's public key and the
+// operator key, for every namespace.
 func (c *Cluster) Trusted() Trust {
 	var t Trust
 	for _, n := range c.Nodes {
 		t.Keys = append(t.Keys, signature.TrustedKey{Path: n.PublicKey})
+	}
+	if c.BerthctlPublicKey != "" {
+		t.Keys = append(t.Keys, signature.TrustedKey{Path: c.BerthctlPublicKey})
 	}
 	return t
 }
