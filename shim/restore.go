@@ -155,7 +155,14 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 	if err != nil {
 		return err
 	}
-	stamped, err := checkpoint.VerifyHeld(signedDir, strings.Replace(signedDir, root, plan.dir, 1), m)
+	// a receiver's (or a pull's) stamp, kept beside the checkpoint in the root, spares reading
+	// files it recorded as verified and unchanged since; it covers a top-level berth.json only
+	stamped := false
+	if atTop {
+		stamped, err = checkpoint.VerifyHeld(root, plan.dir, m)
+	} else {
+		err = checkpoint.Verify(signedDir, m)
+	}
 	log.G(ctx).WithFields(log.Fields{"checkpoint": plan.name(), "receiver_stamp": stamped}).Debug("checkpoint digests verified")
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)

@@ -38,6 +38,10 @@ import (
 // the workload in Kubernetes namespace "default" is the material: restored as it is, edited, and
 // re-packed. A second one is of a privileged container (uid 0, every capability).
 
+// trustMarker is a file the source container writes into its root filesystem, trustDeleted one
+// of its image it deletes, before the checkpoint.
+const trustMarker, trustDeleted = "var/berth-trust-marker", "etc/nsswitch.conf"
+
 // trustSecurity are CRI security contexts (linux.security_context of a container config).
 const (
 	// trustPlain is the workload's ordinary context: root, the runtime's default capabilities.
@@ -201,8 +205,13 @@ func TestTrust(t *testing.T) {
 		if _, err := src.Crictl(ctx, "start", id); err != nil {
 			t.Fatal(err)
 		}
-		tgt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(criPID(t, ctx, src, id))}
+		pid := criPID(t, ctx, src, id)
+		tgt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(pid)}
 		fltNoErr(t, client.WaitReady(ctx, tgt, 100*time.Millisecond))
+		// the container's own writes to its root filesystem: a file added, one of the image deleted
+		croot := fmt.Sprintf("/proc/%d/root", pid)
+		fltNoErr(t, os.WriteFile(filepath.Join(croot, trustMarker), []byte(podName), 0o644))
+		fltNoErr(t, os.Remove(filepath.Join(croot, trustDeleted)))
 		p := filepath.Join(root, archiveName)
 		if out, err := src.Crictl(ctx, "checkpoint", "--export="+p, id); err != nil {
 			t.Fatalf("crictl checkpoint: %v %s", err, out)
@@ -241,9 +250,19 @@ func TestTrust(t *testing.T) {
 		if err != nil {
 			t.Fatalf("restore of a checkpoint node1 signed: %v", err)
 		}
-		tgt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(criPID(t, ctx, dst, id))}
+		pid := criPID(t, ctx, dst, id)
+		tgt := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(pid)}
 		if _, err := client.Stats(ctx, tgt); err != nil {
 			t.Errorf("restored workload does not answer: %v", err)
+		}
+		// the rootfs diff applied is the shim's signed copy (containerd's rootfs-diff.tar is covered
+		// by no signature): the source's writes are there
+		croot := fmt.Sprintf("/proc/%d/root", pid)
+		if b, err := os.ReadFile(filepath.Join(croot, trustMarker)); err != nil || string(b) != "trust-src" {
+			t.Errorf("%s in the restored container: %q %v", trustMarker, b, err)
+		}
+		if _, err := os.Stat(filepath.Join(croot, trustDeleted)); !os.IsNotExist(err) {
+			t.Errorf("%s, deleted in the source, is in the restored container: %v", trustDeleted, err)
 		}
 		_, _ = dst.Crictl(ctx, "stop", "-t", "0", id)
 	})
