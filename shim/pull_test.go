@@ -128,11 +128,15 @@ func TestRestoreFromRegistry(t *testing.T) {
 	if _, err := registry.Push(ctx, foreign, reg.Ref("berth/ck:foreign"), registry.Options{PlainHTTP: true}); err != nil {
 		t.Fatal(err)
 	}
+	unsigned := writeCheckpointWith(t, src, "unsigned", checkpointOpts{fp: nodeFP})
+	if _, err := registry.Push(ctx, unsigned, reg.Ref("berth/ck:unsigned"), registry.Options{PlainHTTP: true}); err != nil {
+		t.Fatal(err)
+	}
 
 	root := t.TempDir()
 	cfg := Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, MaxRootfsDiffBytes: 1 << 20, AllowedRegistries: []string{reg.Addr}}
-	// registry.Push uploads berth.json and the files it lists, not berth.sig: a pulled checkpoint
-	// is unsigned, so this node allows unsigned checkpoints (the refusal is checked below)
+	// this node allows unsigned checkpoints, so the pulls below work whether or not the registry
+	// carries berth.sig (a node that does not is checked below with an unsigned checkpoint)
 	deps := testDeps(policy(t, true))
 
 	// HTTPS to a plain HTTP registry: refused by the transport, nothing left
@@ -144,9 +148,10 @@ func TestRestoreFromRegistry(t *testing.T) {
 
 	want := filepath.Join(root, PulledDir, "sha256-"+desc.Digest.Encoded())
 	strict := NewService(nil, cfg, testDeps(policy(t, false)))
-	if _, err := ociRestore(strict, "oci://"+reg.Ref("berth/ck:v1")); !errors.Is(err, signature.ErrUnsigned) || errorClass(err) != errdefs.ErrPermissionDenied {
+	if _, err := ociRestore(strict, "oci://"+reg.Ref("berth/ck:unsigned")); !errors.Is(err, signature.ErrUnsigned) || errorClass(err) != errdefs.ErrPermissionDenied {
 		t.Fatalf("unsigned pulled checkpoint: %v; want it refused as unsigned", err)
 	}
+	os.RemoveAll(filepath.Join(root, PulledDir))
 	plan, err := ociRestore(s, "oci://"+reg.Ref("berth/ck:v1"))
 	if err != nil {
 		t.Fatal(err)
