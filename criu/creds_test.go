@@ -510,7 +510,11 @@ func TestReadProcessesLive(t *testing.T) {
 			})
 			oddTID := 0
 			if tc.odd {
-				line, err := bufio.NewReader(out).ReadString('\n')
+				line, rerr := bufio.NewReader(out).ReadString('\n')
+				if rerr != nil {
+					t.Fatalf("helper's thread id: %v", rerr)
+				}
+				var err error
 				if oddTID, err = strconv.Atoi(strings.TrimSpace(line)); err != nil {
 					t.Fatalf("helper said %q: %v", line, err)
 				}
