@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,18 +16,25 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/privilege"
 )
 
 // checkpoint is Checkpoint with native errors, in steps: check the task, set CRIU's work
-// directory, take the GPU session forward, dump, give the GPUs back unless the task exits, build
-// and write the manifest.
+// directory, take the GPU session forward, dump, give the GPUs back unless the task exits, write
+// the rootfs diff beside the images, build and write the manifest, restrict the checkpoint's
+// modes and sign it.
 func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
 	st, err := s.checkpointable(ctx, r)
 	if err != nil {
 		return err
+	}
+	spec, err := readSpec(st.Bundle)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
 	}
 	opts, done, err := s.criuWorkDir(r, st.Bundle)
 	if err != nil {
@@ -53,11 +61,71 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 		ph.Add(g.phases.List()[n:]...)
 	}
-	m, err := s.manifest(ctx, r.ID, opts.WorkPath, g, ph, created)
+	if err := s.writeRootfsDiff(ctx, r); err != nil {
+		return err
+	}
+	m, err := s.manifest(ctx, r.ID, spec, opts.WorkPath, g, ph, created)
 	if err != nil {
 		return err
 	}
-	return s.writeManifest(ctx, r, m, known, ph)
+	if err := s.writeManifest(ctx, r, m, known, ph); err != nil {
+		return err
+	}
+	if err := restrictModes(r.Path); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
+	}
+	return s.sign(ctx, r)
+}
+
+// writeRootfsDiff writes the changes of the task's writable layer into the CRIU image directory
+// (checkpoint.ImagesRootfsDiffFile), so that the images' signed manifest covers them: a CRI
+// checkpoint's own rootfs-diff.tar is written by containerd after the shim returns, and nothing
+// the shim signs can cover it. A task whose root filesystem is not an overlay gets none.
+func (s *Service) writeRootfsDiff(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
+	s.mu.Lock()
+	mounts := s.rootfs[r.ID]
+	s.mu.Unlock()
+	wrote, err := writeRootfsDiff(ctx, mounts, filepath.Join(r.Path, checkpoint.ImagesRootfsDiffFile))
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: written, but its rootfs diff was not: %w", r.ID, err)
+	}
+	if !wrote {
+		log.G(ctx).Info("root filesystem is not an overlay with an upper directory: no rootfs diff beside the images")
+	}
+	return nil
+}
+
+// sign signs the manifest in r.Path with the node's key (berth.sig, 0600). Without a signing key
+// the checkpoint stays unsigned, with a warning: only nodes that allow unsigned checkpoints
+// restore it.
+func (s *Service) sign(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
+	id, err := s.deps.Trust.Sign(ctx, r.Path)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
+	}
+	if id == "" {
+		log.G(ctx).WithField("path", r.Path).Warnf("checkpoint written unsigned: no signing_key in %s; nodes that do not set allow_unsigned refuse to restore it", s.configName())
+		return nil
+	}
+	log.G(ctx).WithFields(log.Fields{"path": r.Path, "key": id}).Info("checkpoint signed")
+	return nil
+}
+
+// restrictModes makes every file below dir (CRIU's images hold process memory) readable by its
+// owner only: files 0600, directories 0700. Symbolic links and special files are left alone.
+func restrictModes(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Chmod(p, 0o700)
+		case d.Type().IsRegular():
+			return os.Chmod(p, 0o600)
+		}
+		return nil
+	})
 }
 
 // checkpointable returns the task's state when it can be checkpointed: running or paused, and an
@@ -138,16 +206,27 @@ func (s *Service) dump(ctx context.Context, r *taskAPI.CheckpointTaskRequest, wo
 	return nil, err
 }
 
-// manifest builds the checkpoint's manifest (without its files): the container, CRIU's dump
+// manifest builds the checkpoint's manifest (without its files): the container (with its
+// Kubernetes namespace, pod, name and image from spec's CRI annotations) and its security context
+// (privilege.FromSpec of spec), CRIU's dump
 // statistics from workDir (logged, not fatal, when missing), this node's fingerprint with the
 // container's GPUs instead of the node's (none for a container without GPUs: it can be restored
 // on any node), the GPU state, and the phases so far plus fingerprint. created is when the dump
 // began.
-func (s *Service) manifest(ctx context.Context, id, workDir string, g *gpuSession, ph *checkpoint.Phases, created time.Time) (*checkpoint.Manifest, error) {
+func (s *Service) manifest(ctx context.Context, id string, spec *specs.Spec, workDir string, g *gpuSession, ph *checkpoint.Phases, created time.Time) (*checkpoint.Manifest, error) {
+	security := privilege.FromSpec(spec)
 	m := &checkpoint.Manifest{
-		Version:   checkpoint.ManifestVersion,
-		Created:   created.UTC(),
-		Container: checkpoint.ContainerInfo{ID: id, Runtime: oci.RuntimeName},
+		Version: checkpoint.ManifestVersion,
+		Created: created.UTC(),
+		Container: checkpoint.ContainerInfo{
+			ID:                  id,
+			KubernetesNamespace: spec.Annotations[oci.AnnotationCRISandboxNamespace],
+			Pod:                 spec.Annotations[oci.AnnotationCRISandboxName],
+			ContainerName:       spec.Annotations[oci.AnnotationCRIContainerName],
+			Image:               spec.Annotations[oci.AnnotationCRIImageName],
+			Runtime:             oci.RuntimeName,
+		},
+		Security: &security,
 	}
 	err := ph.Time("fingerprint", func() error {
 		if stats, err := s.deps.DumpStats(workDir); err != nil {

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pelletier/go-toml/v2"
+
 	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/checkpoint"
-	"github.com/pelletier/go-toml/v2"
+	"github.com/berth-dev/berth/oci/signature"
 )
 
 // EnvConfig names the environment variable that points the shim at its configuration file. The
@@ -38,6 +40,12 @@ type Config struct {
 	CRIUOptions []string `toml:"criu_options"`
 	// MaxArchiveBytes bounds a restore-from archive's extracted size, in bytes. Default 64 GiB.
 	MaxArchiveBytes int64 `toml:"max_archive_bytes"`
+	// MaxRootfsDiffBytes bounds what a checkpoint's rootfs diff may write into the restored
+	// container's root filesystem: the sum of its regular files' sizes once decompressed, in
+	// bytes. Default 512 MiB: a container that writes more into its root filesystem than that
+	// keeps it on a volume, not in the checkpoint. Its entries are bounded like an archive's
+	// (MaxArchiveEntries).
+	MaxRootfsDiffBytes int64 `toml:"max_rootfs_diff_bytes"`
 	// GPU selects the GPU backend: "none" (default), "cuda" (libcuda.so.1's checkpoint API and
 	// NVML), or "fake" (gpu/fake, for machines without a GPU; FakeGPURoot is its node directory).
 	GPU         string `toml:"gpu"`
@@ -56,7 +64,15 @@ type Config struct {
 	// RegistryConfig is a Docker config.json (absolute path) with credentials for the registries;
 	// "" pulls anonymously.
 	RegistryConfig string `toml:"registry_config"`
+	// TrustConfig is the trust policy (keys signing_key, trusted_keys, allow_unsigned): the key
+	// this node signs its checkpoints with, the public keys whose checkpoints it restores
+	// (optionally per Kubernetes namespace), and the opt-out for single-node labs. Default: no
+	// signing key, no trusted key, unsigned checkpoints refused.
+	signature.TrustConfig
 }
+
+// MaxArchiveEntries bounds the number of entries of a restore-from archive and of a rootfs diff.
+const MaxArchiveEntries = 1 << 16
 
 // RegistryAllowed reports whether host ("host[:port]") is in AllowedRegistries (host names
 // compare case-insensitively).
@@ -96,11 +112,12 @@ func (c Config) GPULockTimeout() time.Duration {
 // DefaultConfig returns the configuration used when no file exists.
 func DefaultConfig() Config {
 	return Config{
-		CheckpointRoot:   checkpoint.DefaultRoot,
-		CRIUOptions:      []string{"tcp-close"},
-		MaxArchiveBytes:  64 << 30,
-		GPU:              "none",
-		GPULockTimeoutMs: 10000,
+		CheckpointRoot:     checkpoint.DefaultRoot,
+		CRIUOptions:        []string{"tcp-close"},
+		MaxArchiveBytes:    64 << 30,
+		MaxRootfsDiffBytes: 512 << 20,
+		GPU:                "none",
+		GPULockTimeoutMs:   10000,
 	}
 }
 
@@ -169,6 +186,19 @@ func (c Config) Validate() error {
 	}
 	if c.MaxArchiveBytes <= 0 {
 		return fmt.Errorf("max_archive_bytes %d: must be positive", c.MaxArchiveBytes)
+	}
+	if c.MaxRootfsDiffBytes <= 0 {
+		return fmt.Errorf("max_rootfs_diff_bytes %d: must be positive", c.MaxRootfsDiffBytes)
+	}
+	if err := c.TrustConfig.Validate(); err != nil {
+		return err
+	}
+	for i, k := range c.TrustedKeys {
+		for _, ns := range k.Namespaces {
+			if ns == "" {
+				return fmt.Errorf("trusted_keys[%d].namespaces: an empty name (leave the list out to trust the key for every namespace)", i)
+			}
+		}
 	}
 	return nil
 }

@@ -2,14 +2,21 @@
 // containerd's runc task service, so every task API call behaves as with io.containerd.runc.v2,
 // and adds:
 //
-//   - Checkpoint: after runc/CRIU dumped the container, it writes the berth manifest (berth.json)
-//     beside the CRIU images: the node's fingerprint, CRIU's dump statistics (from CRIU's
-//     stats-dump file), the image size and the digest of every file.
+//   - Checkpoint: after runc/CRIU dumped the container, it writes its own rootfs diff (the
+//     overlay's upper directory) beside the CRIU images and the berth manifest (berth.json): the
+//     node's fingerprint, CRIU's dump statistics (from CRIU's stats-dump file), the container's
+//     Kubernetes namespace, pod, name and image, its security context, the image size and the
+//     digest of every file; it makes every file 0600 and every directory 0700 and signs the
+//     manifest with the node's key (berth.sig, package oci/signature).
 //   - Restore on create: a container whose OCI spec carries the annotation berth.dev/restore-from
-//     is validated in Create (inside the configured checkpoint root, no "..", no symlink escape,
-//     digests match, fingerprint compatible) and restored by CRIU in Start instead of being started
-//     fresh. A checkpoint handed over by containerd itself (ctr containers restore) is verified the
-//     same way when it carries a berth manifest.
+//     is admitted in Create, before anything is created (inside the configured checkpoint root, no
+//     "..", no symlink escape; signed by a key the trust policy trusts for the pod's namespace, the
+//     manifest taken from the signed bytes; digests match; fingerprint compatible; the namespace
+//     the signed manifest records; no process's credentials and not the source's security context
+//     beyond what the pod's spec grants, package oci/privilege; only a signed rootfs diff, within
+//     its limits) and restored by CRIU in Start instead of being started fresh, from the directory
+//     Create verified, held open. A checkpoint handed over by containerd itself (ctr containers
+//     restore) is admitted the same way; one without a berth manifest only under allow_unsigned.
 //   - A per-container CRIU configuration file (runc's org.criu.config annotation) so that open TCP
 //     connections are closed, not dumped: a container moved to another node cannot keep them.
 //   - GPU steps, for a container with GPUs and a GPU backend (gpu.Backend): before the dump a GPU

@@ -15,7 +15,9 @@ import (
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/signature"
 )
 
 // Conditions the shim itself detects. Each is wrapped, with the values it concerns, into the
@@ -37,6 +39,20 @@ var (
 	// ErrBadArchive: a restore-from archive cannot be extracted (unsafe, over the limits, cut
 	// short or not a tar) (InvalidArgument).
 	ErrBadArchive = errors.New("checkpoint archive cannot be extracted")
+	// ErrUncoveredRootfsDiff: a checkpoint's rootfs diff is not covered by a signature (a CRI
+	// archive's rootfs-diff.tar, written by containerd after the shim signed the images, without
+	// a top-level berth.json signed by berthctl and without the shim's own copy) and is not
+	// empty (PermissionDenied).
+	ErrUncoveredRootfsDiff = errors.New("rootfs diff not covered by a signature")
+	// ErrRootfsDiffTooLarge: a rootfs diff would write more than max_rootfs_diff_bytes or has
+	// more than MaxArchiveEntries entries (InvalidArgument, like an archive over its limits).
+	ErrRootfsDiffTooLarge = errors.New("rootfs diff exceeds its limits")
+	// ErrNoSecurityContext: a signed manifest records no security context of the source
+	// container, so the restore cannot be compared with the destination spec (FailedPrecondition).
+	ErrNoSecurityContext = errors.New("checkpoint records no security context")
+	// ErrBadReference: berth.dev/restore-from is too long or carries credentials
+	// (InvalidArgument).
+	ErrBadReference = errors.New("unusable restore-from reference")
 )
 
 // mark returns err tagged with sentinel: its message is err's own, and errors.Is finds both err's
@@ -59,7 +75,8 @@ func (m marked) Is(target error) bool { return target == m.sentinel }
 // errorClasses is the one table from the errors berth's steps return to the errdefs class the task
 // API answers with: the first row whose condition holds decides. It lists the sentinels of the
 // packages that own each concept (oci/checkpoint: references, verification, manifests; oci/archive;
-// oci/registry; oci/fingerprint; gpu; this package's own above) and os.ErrNotExist. An error that
+// oci/registry; oci/fingerprint; oci/signature; oci/privilege; gpu; this package's own above) and
+// os.ErrNotExist. An error that
 // matches no row keeps the class it already carries (errdefs, or the code of a runc task service
 // error), else it is Unknown.
 func errorClasses() []struct {
@@ -84,16 +101,20 @@ func errorClasses() []struct {
 		match func(error) bool
 		class error
 	}{
-		// who may restore what
-		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, registry.ErrUnauthorized), errdefs.ErrPermissionDenied},
+		// who may restore what: namespaces, registries, signatures, privileges
+		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, registry.ErrUnauthorized,
+			signature.ErrUnsigned, signature.ErrUntrustedKey, signature.ErrBadSignature,
+			privilege.ErrExceedsSpec, ErrUncoveredRootfsDiff), errdefs.ErrPermissionDenied},
 		// what the caller asked for is malformed or points outside what is allowed
 		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, registry.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
-			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown), errdefs.ErrInvalidArgument},
+			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown,
+			ErrRootfsDiffTooLarge, ErrBadReference), errdefs.ErrInvalidArgument},
 		// the checkpoint is damaged, is not berth's, or does not fit this node
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,
-			checkpoint.ErrInvalidRoot, registry.ErrNotCheckpoint, registry.ErrLayerMismatch), errdefs.ErrFailedPrecondition},
+			checkpoint.ErrInvalidRoot, registry.ErrNotCheckpoint, registry.ErrLayerMismatch,
+			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey), errdefs.ErrFailedPrecondition},
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver
 		{is(gpu.ErrTimeout), errdefs.ErrUnavailable},
@@ -125,19 +146,33 @@ func errorClass(err error) error {
 }
 
 // wireError is err, a native error of one of the service's steps, as the task API returns it:
-// its message unchanged, its code from errorClass. Every exported method calls it once, last.
+// its message with credentials redacted and cut to a sane length (cleanMessage), its code from
+// errorClass. Every exported method calls it once, last.
 func wireError(err error) error {
 	if err == nil {
 		return nil
 	}
 	class := errorClass(err)
+	msg := cleanMessage(err.Error())
 	switch {
 	case class == context.Canceled || class == context.DeadlineExceeded || class == errdefs.ErrUnknown:
+		if msg != err.Error() {
+			err = withMessage{err: err, msg: msg}
+		}
 		return errgrpc.ToGRPC(err)
 	default:
 		if c, ok := class.(interface{ WithMessage(string) error }); ok {
-			return errgrpc.ToGRPC(c.WithMessage(err.Error()))
+			return errgrpc.ToGRPC(c.WithMessage(msg))
 		}
-		return errgrpc.ToGRPC(err)
+		return errgrpc.ToGRPC(withMessage{err: err, msg: msg})
 	}
 }
+
+// withMessage is err with another message (cleanMessage's).
+type withMessage struct {
+	err error
+	msg string
+}
+
+func (w withMessage) Error() string { return w.msg }
+func (w withMessage) Unwrap() error { return w.err }

@@ -110,9 +110,7 @@ func TestCreateWireErrors(t *testing.T) {
 	_ = tw.WriteHeader(&tar.Header{Name: "berth.json", Mode: 0o600, Size: 100, Typeflag: tar.TypeReg})
 	_, _ = tw.Write([]byte("{"))
 	f.Close()
-	s := NewService(nil, Config{Path: "/etc/berth/shim.toml", CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, Deps{
-		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
-	})
+	s := NewService(nil, Config{Path: "/etc/berth/shim.toml", CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, testDeps(policy(t, false)))
 	tests := []struct {
 		name string
 		spec string // config.json

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/signature"
 )
 
 // Register registers berth's task service as the shim's TTRPC "task" plugin, built on runc's
@@ -56,9 +57,15 @@ func Register(configPath string) {
 
 // RealDeps returns the dependencies of a real node: the fingerprint from /proc and the
 // versions that `criu --version`, `runc --version` and `containerd --version` print (run through
-// containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the GPU
-// backend that cfg.GPU names (gpu/backend), and the wall clock.
+// containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the
+// credentials of checkpointed processes from their CRIU images, the GPU backend that cfg.GPU
+// names (gpu/backend), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
+// names the key file), and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
+	policy, err := signature.LoadPolicy(cfg.TrustConfig)
+	if err != nil {
+		return Deps{}, fmt.Errorf("shim config %s: %w", cfg.Path, err)
+	}
 	b, err := backend.Open(cfg.GPU, cfg.FakeGPURoot)
 	if err != nil {
 		return Deps{}, err
@@ -73,9 +80,11 @@ func RealDeps(cfg Config) (Deps, error) {
 			fp.GPUs, err = backend.FingerprintGPUs(b.Inventory())
 			return fp, err
 		},
-		DumpStats: criu.ReadDumpStats,
-		GPU:       b,
-		Now:       time.Now,
+		DumpStats:     criu.ReadDumpStats,
+		ReadProcesses: criu.ReadProcesses,
+		GPU:           b,
+		Trust:         policy,
+		Now:           time.Now,
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,12 +11,10 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
-	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/signature"
 	"github.com/berth-dev/berth/test/node"
 )
 
@@ -57,8 +56,7 @@ func TestRegistryConfig(t *testing.T) {
 
 // ociRestore runs prepareRestore for a container whose restore-from is ref.
 func ociRestore(s *Service, ref string) (*restorePlan, error) {
-	spec := &specs.Spec{Annotations: map[string]string{oci.AnnotationRestoreFrom: ref}}
-	plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "c1"}, spec)
+	plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "c1"}, podSpec("", ref))
 	if plan != nil {
 		plan.cleanup()
 	}
@@ -67,9 +65,7 @@ func ociRestore(s *Service, ref string) (*restorePlan, error) {
 
 func TestRestoreFromRegistryRefused(t *testing.T) {
 	root := t.TempDir()
-	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, AllowedRegistries: []string{"127.0.0.1:1"}}, Deps{
-		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
-	})
+	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, AllowedRegistries: []string{"127.0.0.1:1"}}, testDeps(policy(t, false)))
 	tests := []struct {
 		ref   string
 		want  []string
@@ -132,10 +128,16 @@ func TestRestoreFromRegistry(t *testing.T) {
 	if _, err := registry.Push(ctx, foreign, reg.Ref("berth/ck:foreign"), registry.Options{PlainHTTP: true}); err != nil {
 		t.Fatal(err)
 	}
+	unsigned := writeCheckpointWith(t, src, "unsigned", checkpointOpts{fp: nodeFP})
+	if _, err := registry.Push(ctx, unsigned, reg.Ref("berth/ck:unsigned"), registry.Options{PlainHTTP: true}); err != nil {
+		t.Fatal(err)
+	}
 
 	root := t.TempDir()
-	cfg := Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, AllowedRegistries: []string{reg.Addr}}
-	deps := Deps{Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil }}
+	cfg := Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, MaxRootfsDiffBytes: 1 << 20, AllowedRegistries: []string{reg.Addr}}
+	// this node allows unsigned checkpoints, so the pulls below work whether or not the registry
+	// carries berth.sig (a node that does not is checked below with an unsigned checkpoint)
+	deps := testDeps(policy(t, true))
 
 	// HTTPS to a plain HTTP registry: refused by the transport, nothing left
 	if _, err := ociRestore(NewService(nil, cfg, deps), "oci://"+reg.Ref("berth/ck:v1")); err == nil {
@@ -145,12 +147,17 @@ func TestRestoreFromRegistry(t *testing.T) {
 	s := NewService(nil, cfg, deps)
 
 	want := filepath.Join(root, PulledDir, "sha256-"+desc.Digest.Encoded())
+	strict := NewService(nil, cfg, testDeps(policy(t, false)))
+	if _, err := ociRestore(strict, "oci://"+reg.Ref("berth/ck:unsigned")); !errors.Is(err, signature.ErrUnsigned) || errorClass(err) != errdefs.ErrPermissionDenied {
+		t.Fatalf("unsigned pulled checkpoint: %v; want it refused as unsigned", err)
+	}
+	os.RemoveAll(filepath.Join(root, PulledDir))
 	plan, err := ociRestore(s, "oci://"+reg.Ref("berth/ck:v1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if plan.dir != want || plan.imagesDir != filepath.Join(want, checkpoint.ImagesDir) || plan.extracted != "" {
-		t.Fatalf("plan dir %s images %s extracted %q; want %s", plan.dir, plan.imagesDir, plan.extracted, want)
+	if plan.dir != want || plan.imagesDir() != filepath.Join(want, checkpoint.ImagesDir) || plan.extracted != "" {
+		t.Fatalf("plan dir %s images %s extracted %q; want %s", plan.dir, plan.imagesDir(), plan.extracted, want)
 	}
 	if _, err := os.Stat(filepath.Join(root, PulledDir, checkpoint.StampDir, "sha256-"+desc.Digest.Encoded()+".json")); err != nil {
 		t.Errorf("no verification stamp: %v", err)

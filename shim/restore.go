@@ -2,47 +2,38 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/containerd/v2/pkg/archive"
-	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/signature"
 )
 
-// restorePlan is a validated checkpoint that Create hands to runc.
-type restorePlan struct {
-	dir        string // checkpoint directory holding berth.json
-	imagesDir  string // CRIU image directory
-	rootfsDiff string // rootfs-diff.tar to apply, "" when none
-	extracted  string // directory extracted from an archive, removed by cleanup; "" when none
-	manifest   *checkpoint.Manifest
-	gpuPairs   []gpu.UUIDPair // device map for the GPU restore in Start; nil without GPUs
-}
-
-func (p *restorePlan) cleanup() {
-	if p.extracted != "" {
-		os.RemoveAll(p.extracted)
-	}
-}
-
-// prepareRestore returns nil when the task is created fresh, or the validated checkpoint.
-// For a checkpoint that containerd itself passes (r.Checkpoint, e.g. ctr containers restore), it
-// verifies the berth manifest when there is one and returns nil: runc restores from r.Checkpoint
-// and containerd applies the rootfs diff.
+// prepareRestore returns nil when the task is created fresh, or the checkpoint it is restored
+// from, verified and admitted (admit) and held open until Start.
+//
+// A restore-from reference (a path under the checkpoint root, an archive there, or an oci://
+// reference pulled first) is resolved, extracted when it is an archive, and admitted with its
+// rootfs diff. A checkpoint that containerd itself passes (r.Checkpoint, e.g. ctr containers
+// restore) is admitted the same way when it carries a berth manifest (containerd applies the
+// container's writable layer itself); one without a berth manifest is refused unless the trust
+// policy allows unsigned checkpoints, and its processes are compared with the spec either way.
 func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
 	ref := spec.Annotations[oci.AnnotationRestoreFrom]
 	if spec.Annotations[oci.AnnotationCRIContainerType] == "sandbox" {
@@ -52,20 +43,14 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	case ref == "" && r.Checkpoint == "":
 		return nil, nil
 	case ref == "":
-		if _, err := os.Stat(filepath.Join(r.Checkpoint, checkpoint.ManifestFile)); err != nil {
-			log.G(ctx).Info("restoring a checkpoint without a berth manifest: not verified")
-			return nil, nil
-		}
-		m, err := s.verify(ctx, r.Checkpoint)
-		if err != nil {
-			return nil, err
-		}
-		return &restorePlan{dir: r.Checkpoint, imagesDir: r.Checkpoint, manifest: m}, nil
+		return s.prepareContainerdRestore(ctx, r, spec)
 	case r.Checkpoint != "":
-		return nil, fmt.Errorf("annotation %s=%q and a containerd checkpoint %q both given: %w",
-			oci.AnnotationRestoreFrom, ref, r.Checkpoint, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("annotation %s=%s and a containerd checkpoint %q both given: %w",
+			oci.AnnotationRestoreFrom, quote(ref), r.Checkpoint, errdefs.ErrInvalidArgument)
 	}
-
+	if err := checkReference(ref); err != nil {
+		return nil, err
+	}
 	src, err := registry.ParseRestoreFrom(ref)
 	if err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err)
@@ -73,10 +58,10 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	var path string
 	if src.IsOCI() {
 		if path, err = s.pullCheckpoint(ctx, src); err != nil {
-			return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
+			return nil, fmt.Errorf("annotation %s=%s: %w", oci.AnnotationRestoreFrom, quote(ref), err)
 		}
 	} else if path, err = checkpoint.ResolveRestoreFrom(s.cfg.CheckpointRoot, ref); err != nil {
-		return nil, fmt.Errorf("annotation %s=%q: %w", oci.AnnotationRestoreFrom, ref, err)
+		return nil, fmt.Errorf("annotation %s=%s: %w", oci.AnnotationRestoreFrom, quote(ref), err)
 	}
 	plan := &restorePlan{dir: path}
 	defer func() {
@@ -95,82 +80,218 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 			return nil, err
 		}
 		defer f.Close()
-		plan.extracted = dest
+		plan.extracted, plan.archive = dest, path
 		if err := berthArchive.Extract(f, dest, berthArchive.Limits{
-			MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes, MaxEntries: 1 << 16,
+			MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes, MaxEntries: MaxArchiveEntries,
 		}); err != nil {
 			return nil, fmt.Errorf("extract checkpoint archive %s: %w", path, mark(err, ErrBadArchive))
 		}
 		plan.dir = dest
 	}
-	verified := plan.dir
-	if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.ManifestFile)); errors.Is(err, os.ErrNotExist) {
-		// A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export): containerd
-		// writes rootfs-diff.tar, spec.dump and config.dump after the shim signed the CRIU images,
-		// so only checkpoint/berth.json exists and covers the images. `berthctl push` signs the
-		// whole archive; a local CRI archive's other files pass safe extraction only.
-		if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.ImagesDir, checkpoint.ManifestFile)); err == nil {
-			verified = filepath.Join(plan.dir, checkpoint.ImagesDir)
-			log.G(ctx).WithField("checkpoint", plan.dir).Warn("CRI checkpoint archive: only the CRIU images are covered by digests")
-		}
-	}
-	if plan.manifest, err = s.verify(ctx, verified); err != nil {
+	if err := plan.hold(s.cfg.CheckpointRoot); err != nil {
 		return nil, err
 	}
-	if err := s.checkNamespace(plan.dir, spec); err != nil {
-		return nil, err
-	}
-	plan.imagesDir = plan.dir
-	if fi, err := os.Stat(filepath.Join(plan.dir, checkpoint.ImagesDir)); err == nil && fi.IsDir() {
-		plan.imagesDir = filepath.Join(plan.dir, checkpoint.ImagesDir)
-	}
-	if _, err := os.Stat(filepath.Join(plan.dir, checkpoint.RootfsDiffFile)); err == nil {
-		plan.rootfsDiff = filepath.Join(plan.dir, checkpoint.RootfsDiffFile)
+	if err := s.admit(ctx, plan, spec, true); err != nil {
+		return nil, plan.named(err)
 	}
 	return plan, nil
 }
 
-// checkNamespace refuses to restore a checkpoint taken in one Kubernetes namespace into a pod of
-// another (a checkpoint holds the process's memory, secrets included), unless the shim config's
-// namespace_mappings allows "source:destination". The source namespace comes from the
-// checkpoint's spec.dump; checkpoints of containers outside Kubernetes have none and pass.
-func (s *Service) checkNamespace(dir string, spec *specs.Spec) error {
-	dst := spec.Annotations[oci.AnnotationCRISandboxNamespace]
-	b, err := os.ReadFile(filepath.Join(dir, checkpoint.SpecFile))
-	if err != nil || dst == "" {
-		return nil
+// prepareContainerdRestore is prepareRestore for a checkpoint containerd passes in r.Checkpoint.
+func (s *Service) prepareContainerdRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
+	plan := &restorePlan{dir: r.Checkpoint}
+	defer func() {
+		if retErr != nil {
+			plan.cleanup()
+		}
+	}()
+	if err := plan.hold(""); err != nil {
+		return nil, err
 	}
-	var src specs.Spec
-	if err := json.Unmarshal(b, &src); err != nil {
-		return fmt.Errorf("checkpoint %s: %s: %w", dir, checkpoint.SpecFile, mark(err, ErrInvalidSpec))
+	if _, err := os.Lstat(filepath.Join(plan.root(), checkpoint.ManifestFile)); err == nil {
+		if err := s.admit(ctx, plan, spec, false); err != nil {
+			return nil, plan.named(err)
+		}
+		return plan, nil
 	}
-	from := src.Annotations[oci.AnnotationCRISandboxNamespace]
-	if from == "" || from == dst {
+	if !s.deps.Trust.AllowUnsigned {
+		return nil, fmt.Errorf("checkpoint %s has no berth manifest, so nothing proves who made it: %w (restore checkpoints taken with the berth runtime, or set allow_unsigned = true in %s on a single-node lab)",
+			plan.name(), signature.ErrUnsigned, s.configName())
+	}
+	log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: restoring a checkpoint without a berth manifest: nothing proves who made it")
+	if err := plan.statNow(); err != nil {
+		return nil, err
+	}
+	if err := s.checkProcesses(plan, spec); err != nil {
+		return nil, plan.named(err)
+	}
+	return plan, nil
+}
+
+// admit verifies and admits the held checkpoint plan for spec, before anything is created, in
+// this order: the signature of its berth.json (checked against the keys the trust policy trusts
+// for the destination pod's Kubernetes namespace, "" outside Kubernetes), the manifest taken
+// from the signed bytes, every file's digest against it (the directory must not change while it
+// is verified), the fingerprint, the Kubernetes namespace the signed manifest records, every
+// process's credentials in the CRIU images and the source container's security context against
+// spec (privilege.CheckProcesses, CheckContainer), and, with withDiff, the rootfs diff to apply
+// (chooseRootfsDiff). Under allow_unsigned a checkpoint that is unsigned or signed by an unknown
+// key passes with a warning, its manifest read from disk; everything else is still checked.
+func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec, withDiff bool) error {
+	root := plan.root()
+	// where berth.json is: at the top, or (a CRI checkpoint archive) only beside the CRIU images
+	signedDir, atTop := root, true
+	if _, err := os.Lstat(filepath.Join(root, checkpoint.ManifestFile)); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Join(root, checkpoint.ImagesDir, checkpoint.ManifestFile)); err == nil {
+			signedDir, atTop = filepath.Join(root, checkpoint.ImagesDir), false
+		}
+	}
+	before, err := checkpoint.StatDir(root)
+	if err != nil {
+		return err
+	}
+	dstNS := spec.Annotations[oci.AnnotationCRISandboxNamespace]
+	m, signed, err := s.verifySignature(ctx, plan.name(), signedDir, dstNS)
+	if err != nil {
+		return err
+	}
+	// a receiver's (or a pull's) stamp, kept beside the checkpoint in the root, spares reading
+	// files it recorded as verified and unchanged since; it covers a top-level berth.json only
+	stamped := false
+	if atTop {
+		stamped, err = checkpoint.VerifyHeld(root, plan.dir, m)
+	} else {
+		err = checkpoint.Verify(signedDir, m)
+	}
+	log.G(ctx).WithFields(log.Fields{"checkpoint": plan.name(), "receiver_stamp": stamped}).Debug("checkpoint digests verified")
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
+	}
+	after, err := checkpoint.StatDir(root)
+	if err != nil {
+		return err
+	}
+	if err := before.Same(after); err != nil {
+		return fmt.Errorf("checkpoint %s changed while it was verified: %w", plan.name(), err)
+	}
+	plan.stat, plan.manifest = after, m
+	if err := s.compareFingerprint(ctx, plan.name(), m); err != nil {
+		return err
+	}
+	src := sourceOf(root, m, atTop)
+	if err := s.checkNamespace(plan.name(), src.namespace, dstNS); err != nil {
+		return err
+	}
+	if err := s.checkProcesses(plan, spec); err != nil {
+		return err
+	}
+	switch {
+	case src.security != nil:
+		if err := privilege.CheckContainer(*src.security, spec); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
+		}
+	case signed:
+		return fmt.Errorf("checkpoint %s: its signed manifest records no security context of the source container, so the restore cannot be compared with this pod's spec: %w",
+			plan.name(), ErrNoSecurityContext)
+	default:
+		log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: the checkpoint records no security context of its source container; only its processes' credentials are compared with the spec")
+	}
+	if withDiff {
+		if plan.rootfsDiff, err = s.chooseRootfsDiff(ctx, plan, atTop); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifySignature checks the signature of dir's berth.json (signedDir is where it is, read
+// through the held directory) with the trust policy for Kubernetes namespace ns, and returns the
+// manifest parsed from the signed bytes. Under allow_unsigned, a checkpoint that is unsigned or
+// signed by an unknown key is logged as a warning and its manifest read from disk (signed false).
+func (s *Service) verifySignature(ctx context.Context, dir, signedDir, ns string) (_ *checkpoint.Manifest, signed bool, _ error) {
+	v, err := s.deps.Trust.Verify(ctx, signedDir, ns)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w (trust policy of %s: a checkpoint restores only when a key in trusted_keys signed it)", err, s.configName())
+	}
+	if v.Warning != nil {
+		log.G(ctx).WithError(v.Warning).WithField("checkpoint", dir).Warn("allow_unsigned: restoring a checkpoint that no trusted key signed")
+		m, err := checkpoint.ReadManifest(signedDir)
+		if err != nil {
+			return nil, false, fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
+		return m, false, nil
+	}
+	m, err := checkpoint.ParseManifest(v.Manifest)
+	if err != nil {
+		return nil, false, fmt.Errorf("checkpoint %s: signed %s: %w", dir, checkpoint.ManifestFile, err)
+	}
+	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "key": v.KeyID}).Info("checkpoint signature verified")
+	return m, true, nil
+}
+
+// source is what a checkpoint's manifest says of the container it was taken from.
+type source struct {
+	// namespace is the source pod's Kubernetes namespace ("" outside Kubernetes).
+	namespace string
+	// security is the source container's security context; nil when not recorded.
+	security *privilege.Container
+}
+
+// sourceOf returns the source of the checkpoint at root whose verified manifest is m. A
+// top-level manifest (berthctl's) that does not record it defers to the shim's manifest beside
+// the CRIU images, which the top-level digests cover.
+func sourceOf(root string, m *checkpoint.Manifest, atTop bool) source {
+	src := source{namespace: m.Container.KubernetesNamespace, security: m.Security}
+	if atTop && (src.namespace == "" || src.security == nil) {
+		if inner, err := checkpoint.ReadManifest(filepath.Join(root, checkpoint.ImagesDir)); err == nil {
+			if src.namespace == "" {
+				src.namespace = inner.Container.KubernetesNamespace
+			}
+			if src.security == nil {
+				src.security = inner.Security
+			}
+		}
+	}
+	return src
+}
+
+// checkProcesses reads every thread's credentials from the held CRIU images and refuses a
+// restore that would give any of them more than spec grants (privilege.CheckProcesses: the
+// error names the process, the field and both values).
+func (s *Service) checkProcesses(plan *restorePlan, spec *specs.Spec) error {
+	procs, err := s.deps.ReadProcesses(plan.images())
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: read the credentials of its processes: %w", plan.name(), err)
+	}
+	if err := privilege.CheckProcesses(procs, spec); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
+	}
+	return nil
+}
+
+// checkNamespace refuses to restore a checkpoint taken in one Kubernetes namespace (from, as its
+// signed manifest records it) into a pod of another (to), unless the shim config's
+// namespace_mappings allows "from:to": a checkpoint holds the process's memory, secrets
+// included. Checkpoints of containers outside Kubernetes, and restores outside Kubernetes, pass.
+func (s *Service) checkNamespace(dir, from, to string) error {
+	if from == "" || to == "" || from == to {
 		return nil
 	}
 	for _, m := range s.cfg.NamespaceMappings {
-		if m == from+":"+dst {
+		if m == from+":"+to {
 			return nil
 		}
 	}
 	return mark(fmt.Errorf("checkpoint %s was taken in Kubernetes namespace %q and may not be restored into namespace %q (allow it with namespace_mappings = [\"%s:%s\"] in the shim config)",
-		dir, from, dst, from, dst), ErrNamespaceRefused)
+		dir, from, to, from, to), ErrNamespaceRefused)
 }
 
-// verify reads dir's manifest, checks every digest and compares the fingerprint with this node's.
-func (s *Service) verify(ctx context.Context, dir string) (*checkpoint.Manifest, error) {
-	m, err := checkpoint.ReadManifest(dir)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
-	}
-	stamped, err := checkpoint.VerifyStamped(dir, m)
-	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "receiver_stamp": stamped}).Debug("checkpoint verified")
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
-	}
+// compareFingerprint compares the checkpoint's fingerprint (from its verified manifest m) with
+// this node's.
+func (s *Service) compareFingerprint(ctx context.Context, dir string, m *checkpoint.Manifest) error {
 	node, err := s.deps.Fingerprint(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("fingerprint of this node: %w", err)
+		return fmt.Errorf("fingerprint of this node: %w", err)
 	}
 	node.ImageDigest = m.Fingerprint.ImageDigest // the shim cannot see the image; berthctl compares it
 	// GPUs: a checkpoint records its container's GPUs, not a node's; planGPURestore compares them
@@ -181,29 +302,219 @@ func (s *Service) verify(ctx context.Context, dir string) (*checkpoint.Manifest,
 		node.GPUs = m.Fingerprint.GPUs
 	}
 	if err := fingerprint.Compare(m.Fingerprint, node); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+		return fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
-	return m, nil
+	return nil
 }
 
-// applyRootfsDiff applies the checkpoint's rootfs-diff.tar (whiteouts included) to the mounted rootfs.
-func (p *restorePlan) applyRootfsDiff(ctx context.Context, rootfs string) error {
+// chooseRootfsDiff returns the rootfs diff the restore applies (a path relative to the
+// checkpoint directory, "" for none), after checking it against the limits (scanRootfsDiff).
+// Only a diff that a signature covers is applied:
+//
+//   - a checkpoint whose berth.json is at its top (berthctl's, or an archive that `berthctl
+//     checkpoint push` signed whole): its rootfs-diff.tar, which the manifest lists;
+//   - otherwise the shim's own copy beside the CRIU images (checkpoint.ImagesRootfsDiffFile),
+//     which the images' berth.json lists;
+//   - a CRI archive's rootfs-diff.tar, which containerd writes after the shim signed the images,
+//     is covered by nothing: when it is not empty it is refused (ErrUncoveredRootfsDiff), unless
+//     the trust policy allows unsigned checkpoints (then it is applied with a warning).
+func (s *Service) chooseRootfsDiff(ctx context.Context, plan *restorePlan, atTop bool) (string, error) {
+	root := plan.root()
+	exists := func(rel string) bool {
+		fi, err := os.Lstat(filepath.Join(root, rel))
+		return err == nil && fi.Mode().IsRegular()
+	}
+	var choice string
+	switch {
+	case atTop && exists(checkpoint.RootfsDiffFile):
+		choice = checkpoint.RootfsDiffFile
+	case exists(checkpoint.ImagesRootfsDiffFile):
+		choice = checkpoint.ImagesRootfsDiffFile // a bare CRIU image directory of the shim's
+	case exists(checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile):
+		choice = checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile
+	case exists(checkpoint.RootfsDiffFile):
+		entries, err := s.scanRootfsDiff(filepath.Join(root, checkpoint.RootfsDiffFile))
+		if err != nil {
+			return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), checkpoint.RootfsDiffFile, err)
+		}
+		if entries == 0 {
+			return "", nil
+		}
+		if !s.deps.Trust.AllowUnsigned {
+			return "", mark(fmt.Errorf("checkpoint %s: %s (%d entries) is not covered by a signature: containerd wrote it after berth signed the CRIU images, and the checkpoint has no %s/%s of berth's own; sign the whole archive on its source node with `berthctl checkpoint push` (its top-level %s covers every file), or take the checkpoint again with this berth, which records the rootfs diff beside the images",
+				plan.name(), checkpoint.RootfsDiffFile, entries, checkpoint.ImagesDir, checkpoint.ImagesRootfsDiffFile, checkpoint.ManifestFile), ErrUncoveredRootfsDiff)
+		}
+		log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: applying a rootfs diff that no signature covers")
+		return checkpoint.RootfsDiffFile, nil
+	default:
+		return "", nil
+	}
+	if _, err := s.scanRootfsDiff(filepath.Join(root, choice)); err != nil {
+		return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), choice, err)
+	}
+	return choice, nil
+}
+
+// applyRootfsDiff applies the rootfs diff chosen in Create (whiteouts included) to the mounted
+// rootfs, reading it from the held checkpoint after checking that nothing changed since it was
+// verified, within the same limits it was scanned against.
+func (s *Service) applyRootfsDiff(ctx context.Context, p *restorePlan, rootfs string) error {
 	if p.rootfsDiff == "" {
 		return nil
 	}
-	f, err := os.Open(p.rootfsDiff)
-	if err != nil {
-		return fmt.Errorf("open rootfs diff: %w", err)
+	if err := p.unchanged(); err != nil {
+		return err
 	}
-	defer f.Close()
-	// containerd's own rw layer (CRI checkpoint archives) is gzip-compressed; berth's is plain
-	r, err := compression.DecompressStream(f)
-	if err != nil {
-		return fmt.Errorf("read rootfs diff %s: %w", p.rootfsDiff, err)
-	}
-	defer r.Close()
-	if _, err := archive.Apply(ctx, rootfs, r); err != nil {
-		return fmt.Errorf("apply %s to rootfs: %w", p.rootfsDiff, err)
+	if err := s.applyDiff(ctx, filepath.Join(p.root(), p.rootfsDiff), rootfs); err != nil {
+		return fmt.Errorf("apply %s of checkpoint %s to the rootfs: %w", p.rootfsDiff, p.name(), err)
 	}
 	return nil
+}
+
+// configName names the shim's configuration file in messages.
+func (s *Service) configName() string {
+	if s.cfg.Path == "" {
+		return "the shim config"
+	}
+	return s.cfg.Path
+}
+
+// restorePlan is a checkpoint that Create verified and admitted, held open until Start so that
+// runc restores exactly what was verified.
+type restorePlan struct {
+	dir       string // the checkpoint directory: as resolved, or extracted
+	archive   string // the archive dir was extracted from; "" when none
+	extracted string // directory extracted from an archive, removed by cleanup; "" when none
+	// held is dir, opened in Create; every check reads through it (root), and runc restores from
+	// heldImages, the CRIU image directory inside it (/proc/<shim>/fd/N): a directory swapped in
+	// at dir's path later is never read.
+	held, heldImages *os.File
+	imagesSub        bool // the CRIU image directory is ImagesDir inside dir, not dir itself
+	// stat is the held directory as it was verified; Start refuses to restore when it changed.
+	stat       checkpoint.DirStat
+	rootfsDiff string               // rootfs diff to apply, relative to dir; "" when none
+	manifest   *checkpoint.Manifest // the verified manifest; nil for a containerd checkpoint without one
+	gpuPairs   []gpu.UUIDPair       // device map for the GPU restore in Start; nil without GPUs
+}
+
+// hold opens the checkpoint directory and its CRIU image directory (ImagesDir inside it when
+// there is one, else the directory itself). With a checkpoint root, the directory opened must
+// lie inside it (a path component swapped for a symbolic link since it was resolved is caught).
+func (p *restorePlan) hold(checkpointRoot string) error {
+	f, err := openDir(p.dir)
+	if err != nil {
+		return fmt.Errorf("open checkpoint: %w", err)
+	}
+	p.held = f
+	if checkpointRoot != "" {
+		real, err := os.Readlink(p.root())
+		realRoot, rerr := filepath.EvalSymlinks(checkpointRoot)
+		if err != nil || rerr != nil || !strings.HasPrefix(real, realRoot+string(filepath.Separator)) {
+			return fmt.Errorf("%w: checkpoint %s opened as %s, outside %s", checkpoint.ErrOutsideRoot, p.dir, real, realRoot)
+		}
+	}
+	p.heldImages = f
+	if fi, err := os.Lstat(filepath.Join(p.root(), checkpoint.ImagesDir)); err == nil && fi.IsDir() {
+		if p.heldImages, err = openDir(filepath.Join(p.root(), checkpoint.ImagesDir)); err != nil {
+			p.heldImages = nil
+			return fmt.Errorf("open checkpoint images: %w", err)
+		}
+		p.imagesSub = true
+	}
+	return nil
+}
+
+// statNow records the held directory as it is now (for a checkpoint without a manifest).
+func (p *restorePlan) statNow() (err error) {
+	p.stat, err = checkpoint.StatDir(p.root())
+	return err
+}
+
+// root is the held checkpoint directory's path for this process.
+func (p *restorePlan) root() string { return fdPath("self", p.held) }
+
+// images is the held CRIU image directory's path for this process.
+func (p *restorePlan) images() string { return fdPath("self", p.heldImages) }
+
+// runcImages is the held CRIU image directory's path for runc, a child of this process.
+func (p *restorePlan) runcImages() string { return fdPath(fmt.Sprint(os.Getpid()), p.heldImages) }
+
+// name names the checkpoint in messages: its archive, or its directory.
+func (p *restorePlan) name() string {
+	if p.archive != "" {
+		return p.archive
+	}
+	return p.dir
+}
+
+// imagesDir is the CRIU image directory's path as named, for messages.
+func (p *restorePlan) imagesDir() string {
+	if p.imagesSub {
+		return filepath.Join(p.dir, checkpoint.ImagesDir)
+	}
+	return p.dir
+}
+
+// unchanged returns nil when the held checkpoint is still what Create verified, else an error
+// wrapping checkpoint.ErrChanged that names the file.
+func (p *restorePlan) unchanged() error {
+	now, err := checkpoint.StatDir(p.root())
+	if err == nil {
+		err = p.stat.Same(now)
+	}
+	if err != nil {
+		return p.named(fmt.Errorf("checkpoint %s is not what Create verified: %w", p.name(), err))
+	}
+	return nil
+}
+
+// named returns err with the held directory's paths in its message replaced by the
+// checkpoint's own path (errors.Is and As still see err).
+func (p *restorePlan) named(err error) error {
+	if err == nil || p.held == nil {
+		return err
+	}
+	return renamed{err: err, old: p.root(), new: p.name()}
+}
+
+// cleanup releases the held directories and removes an extracted archive. It may be called
+// more than once.
+func (p *restorePlan) cleanup() {
+	if p.heldImages != nil && p.heldImages != p.held {
+		p.heldImages.Close()
+	}
+	if p.held != nil {
+		p.held.Close()
+	}
+	p.held, p.heldImages = nil, nil
+	if p.extracted != "" {
+		os.RemoveAll(p.extracted)
+		p.extracted = ""
+	}
+}
+
+// renamed is an error whose message shows new where err's shows old.
+type renamed struct {
+	err      error
+	old, new string
+}
+
+func (r renamed) Error() string { return strings.ReplaceAll(r.err.Error(), r.old, r.new) }
+func (r renamed) Unwrap() error { return r.err }
+
+// openDir opens the directory path itself (not a symbolic link to one), close-on-exec.
+func openDir(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// fdPath is the /proc path of f, an open directory, for process pid ("self" or a number).
+func fdPath(pid string, f *os.File) string {
+	if f == nil {
+		return ""
+	}
+	return "/proc/" + pid + "/fd/" + strconv.Itoa(int(f.Fd()))
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/berth-dev/berth/oci"
 	berthArchive "github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
@@ -20,24 +19,6 @@ import (
 
 var nodeFP = fingerprint.Fingerprint{Version: 1, Kernel: "6.18.0", Arch: "amd64", CRIU: "4.2.1", Runc: "1.5.3", Containerd: "2.4.2",
 	CPU: fingerprint.CPU{Vendor: "AuthenticAMD", Flags: []string{"avx2", "sse4_2"}}}
-
-// writeCheckpoint makes a valid berth checkpoint directory root/name taken on fp.
-func writeCheckpoint(t *testing.T, root, name string, fp fingerprint.Fingerprint) string {
-	t.Helper()
-	dir := filepath.Join(root, name)
-	if err := os.MkdirAll(filepath.Join(dir, checkpoint.ImagesDir), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for p, body := range map[string]string{"checkpoint/pages-1.img": strings.Repeat("x", 4096), "checkpoint/core-1.img": "core", checkpoint.SpecFile: "{}"} {
-		if err := os.WriteFile(filepath.Join(dir, p), []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Fingerprint: fp, Container: checkpoint.ContainerInfo{ID: "c"}}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 func TestPrepareRestore(t *testing.T) {
 	root := t.TempDir()
@@ -54,9 +35,7 @@ func TestPrepareRestore(t *testing.T) {
 	if err := os.Symlink(filepath.Join(outside, "elsewhere"), filepath.Join(root, "link")); err != nil {
 		t.Fatal(err)
 	}
-	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, Deps{
-		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
-	})
+	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, MaxRootfsDiffBytes: 1 << 20}, testDeps(policy(t, false)))
 	tests := []struct {
 		name, ref, checkpoint string
 		wantImages            string
@@ -76,10 +55,7 @@ func TestPrepareRestore(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			spec := &specs.Spec{Annotations: map[string]string{}}
-			if tc.ref != "" {
-				spec.Annotations[oci.AnnotationRestoreFrom] = tc.ref
-			}
+			spec := podSpec("", tc.ref)
 			plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "t", Checkpoint: tc.checkpoint}, spec)
 			if len(tc.wantErr) > 0 {
 				if err == nil {
@@ -100,7 +76,8 @@ func TestPrepareRestore(t *testing.T) {
 			}
 			got := ""
 			if plan != nil {
-				got = plan.imagesDir
+				got = plan.imagesDir()
+				defer plan.cleanup()
 			}
 			if got != tc.wantImages {
 				t.Errorf("images dir %q, want %q", got, tc.wantImages)
@@ -120,15 +97,12 @@ func TestPrepareRestoreArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30}, Deps{
-		Fingerprint: func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
-	})
-	plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "t"},
-		&specs.Spec{Annotations: map[string]string{oci.AnnotationRestoreFrom: "ck.tar"}})
+	s := NewService(nil, Config{CheckpointRoot: root, MaxArchiveBytes: 1 << 30, MaxRootfsDiffBytes: 1 << 20}, testDeps(policy(t, false)))
+	plan, err := s.prepareRestore(context.Background(), &taskAPI.CreateTaskRequest{ID: "t"}, podSpec("", "ck.tar"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(plan.imagesDir, "pages-1.img")); err != nil {
+	if _, err := os.Stat(filepath.Join(plan.imagesDir(), "pages-1.img")); err != nil {
 		t.Fatalf("archive not extracted: %v", err)
 	}
 	plan.cleanup()
@@ -171,6 +145,13 @@ func TestLoadConfig(t *testing.T) {
 		{`max_archive_bytes = -1`, "max_archive_bytes -1"},
 		{`unknown_key = 1`, "unknown_key"},
 		{`checkpoint_root = `, "parse shim config"},
+		{"signing_key = \"/etc/berth/node.key\"\ntrusted_keys = [{path = \"/etc/berth/a.pub\", namespaces = [\"prod\"]}]\nallow_unsigned = true\n", ""},
+		{"allow_unsigned = false\n[[trusted_keys]]\npath = \"/etc/berth/a.pub\"\n[[trusted_keys]]\npath = \"/etc/berth/b.pub\"\nnamespaces = [\"x\"]\n", ""},
+		{`signing_key = "node.key"`, `signing_key "node.key": must be an absolute path`},
+		{`trusted_keys = [{path = "a.pub"}]`, `trusted_keys[0].path "a.pub": must be an absolute path`},
+		{`trusted_keys = [{path = "/a.pub", namespaces = [""]}]`, `trusted_keys[0].namespaces: an empty name`},
+		{`trusted_keys = [{path = "/a.pub", namespace = ["x"]}]`, "unknown keys"},
+		{`max_rootfs_diff_bytes = 0`, "max_rootfs_diff_bytes 0"},
 	} {
 		_, err := LoadConfig(write(tc.body))
 		if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {

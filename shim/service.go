@@ -11,16 +11,20 @@ import (
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/v2/core/mount"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/signature"
 )
 
 // criuConfigName is the file the shim writes into each bundle and points org.criu.config at.
@@ -38,6 +42,13 @@ type Deps struct {
 	// GPU is the node's GPU backend (driver, inventory, container device convention); nil on a
 	// node without GPUs, where a GPU container's checkpoint cannot be restored.
 	GPU gpu.Backend
+	// Trust is the trust policy (signature.LoadPolicy of the configuration's trust keys): it
+	// signs the checkpoints this node writes and says whose checkpoints restore here. nil is a
+	// policy without keys: checkpoints are written unsigned and every restore is refused.
+	Trust *signature.Policy
+	// ReadProcesses reads every thread's credentials from a CRIU image directory
+	// (criu.ReadProcesses); a restore compares them with the destination spec.
+	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
 }
 
 // Service is the berth task service: runc's task service with berth's checkpoint and restore.
@@ -53,6 +64,9 @@ type Service struct {
 	mu sync.Mutex
 	// tasks holds the record of every task created from a checkpoint, from Create until Delete.
 	tasks map[string]*restoredTask
+	// rootfs holds the root filesystem mounts of every task this shim created, from Create until
+	// Delete: Checkpoint writes the rootfs diff from the overlay's upper directory.
+	rootfs map[string][]mount.Mount
 }
 
 // restoreStatus is where a task created from a checkpoint stands in the shim.
@@ -97,7 +111,14 @@ func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service 
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps, tasks: map[string]*restoredTask{}}
+	if deps.Trust == nil {
+		deps.Trust = &signature.Policy{}
+	}
+	if deps.ReadProcesses == nil {
+		deps.ReadProcesses = criu.ReadProcesses
+	}
+	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps,
+		tasks: map[string]*restoredTask{}, rootfs: map[string][]mount.Mount{}}
 }
 
 // RegisterTTRPC registers the wrapper (not the inner service) as the task service.
@@ -142,17 +163,20 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, errgrpc.ToNative(err)
 	}
-	if t == nil {
-		return resp, nil
-	}
-	if t.plan != nil {
+	if t != nil && t.plan != nil {
 		if err := s.restoreRootfs(ctx, r, t.plan); err != nil {
 			return nil, err
 		}
 	}
 	s.mu.Lock()
-	s.tasks[r.ID] = t
+	s.rootfs[r.ID] = mount.FromProto(r.Rootfs)
+	if t != nil {
+		s.tasks[r.ID] = t
+	}
 	s.mu.Unlock()
+	if t == nil {
+		return resp, nil
+	}
 	if t.plan != nil {
 		log.G(ctx).WithField("checkpoint", t.plan.dir).Info("task created from berth checkpoint; Start restores it with CRIU")
 	}
@@ -198,7 +222,9 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 		}
 	}
 	if plan != nil {
-		r.Checkpoint = plan.imagesDir
+		// runc restores from the image directory Create verified, held open, not from whatever
+		// its path names by the time Start runs
+		r.Checkpoint = plan.runcImages()
 	}
 	if r.Checkpoint == "" {
 		return nil, nil
@@ -220,7 +246,7 @@ func (s *Service) restoreRootfs(ctx context.Context, r *taskAPI.CreateTaskReques
 			}
 		}
 	}()
-	if err := plan.applyRootfsDiff(ctx, filepath.Join(r.Bundle, "rootfs")); err != nil {
+	if err := s.applyRootfsDiff(ctx, plan, filepath.Join(r.Bundle, "rootfs")); err != nil {
 		return fmt.Errorf("restore %s: %w", r.ID, err)
 	}
 	return nil
@@ -284,6 +310,10 @@ func (s *Service) takeForStart(id string) *restoredTask {
 func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t *restoredTask) (*taskAPI.StartResponse, error) {
 	if t.plan != nil {
 		defer t.plan.cleanup()
+		// runc reads the images Create verified (held open); none of them may have changed since
+		if err := t.plan.unchanged(); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
 	}
 	ph := checkpoint.NewPhases(s.deps.Now)
 	start := s.deps.Now()
@@ -313,7 +343,7 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 			// wait for the exit: the caller deletes the task next, which needs it stopped
 			_, _ = s.TTRPCTaskService.Wait(ctx, &taskAPI.WaitRequest{ID: r.ID})
 		}
-		return nil, fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, gpuErr, t.plan.dir)
+		return nil, fmt.Errorf("restore %s: %w; the task was killed, the checkpoint %s is intact", r.ID, gpuErr, t.plan.name())
 	}
 	log.G(ctx).WithFields(restoreFields(report)).Info("restored with CRIU")
 	return resp, nil
@@ -362,6 +392,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		s.mu.Lock()
 		t := s.tasks[r.ID]
 		delete(s.tasks, r.ID)
+		delete(s.rootfs, r.ID)
 		s.mu.Unlock()
 		if t != nil {
 			if t.plan != nil {

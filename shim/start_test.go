@@ -77,7 +77,7 @@ func TestStartRestoreReport(t *testing.T) {
 			bundle := t.TempDir()
 			extracted := t.TempDir()
 			s.tasks["c"] = &restoredTask{status: restoreCreated, bundle: bundle,
-				plan: &restorePlan{dir: "/ck/c1", extracted: extracted, gpuPairs: tc.pairs}}
+				plan: heldPlan(t, &restorePlan{dir: extracted, extracted: extracted, gpuPairs: tc.pairs})}
 
 			resp, err := s.Start(context.Background(), &taskAPI.StartRequest{ID: "c"})
 			if len(tc.wantErr) > 0 {

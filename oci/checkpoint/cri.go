@@ -45,7 +45,8 @@ func IsCRICheckpoint(dir string) bool {
 //
 // SignCRICheckpoint first verifies the CRIU images against checkpoint/berth.json (so it never
 // signs images changed since the shim wrote them), then writes dir/berth.json whose Fingerprint,
-// CRIU, GPU, Phases and Created come from checkpoint/berth.json and whose Container comes from
+// CRIU, GPU, Phases, Created, Security and the Kubernetes namespace, pod and container name come
+// from checkpoint/berth.json and whose other Container fields come from
 // config.dump (id, name as Image when no image name is recorded, rootfsImageName, rootfsImageRef
 // when it is a sha256 digest, runtime), with a digest of every file of dir, checkpoint/berth.json
 // included. The other files cannot be verified against anything: whoever signs vouches for them.
@@ -76,17 +77,24 @@ func SignCRICheckpoint(dir string) (*Manifest, error) {
 	m := &Manifest{
 		Created: inner.Created,
 		Container: ContainerInfo{
-			ID:      cfg.ID,
-			Image:   cfg.RootfsImageName,
-			Runtime: cfg.Runtime,
+			ID:                  cfg.ID,
+			KubernetesNamespace: inner.Container.KubernetesNamespace,
+			Pod:                 inner.Container.Pod,
+			ContainerName:       inner.Container.ContainerName,
+			Image:               cfg.RootfsImageName,
+			Runtime:             cfg.Runtime,
 		},
 		Fingerprint: inner.Fingerprint,
 		CRIU:        inner.CRIU,
 		Phases:      inner.Phases,
 		GPU:         inner.GPU,
+		Security:    inner.Security,
 	}
 	if m.Container.ID == "" {
 		m.Container.ID = inner.Container.ID
+	}
+	if m.Container.Image == "" {
+		m.Container.Image = inner.Container.Image
 	}
 	if m.Container.Runtime == "" {
 		m.Container.Runtime = inner.Container.Runtime

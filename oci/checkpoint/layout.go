@@ -6,7 +6,8 @@ package checkpoint
 //	berth.json        the berth manifest (Manifest): fingerprint, CRIU statistics, digest of every other file
 //	berth.sig         the signature of berth.json by the node that wrote it (package oci/signature)
 //	checkpoint/       the CRIU image directory (written by runc/CRIU through the shim); it holds its own
-//	                  berth.json written by the shim, covering the CRIU images only
+//	                  berth.json and berth.sig written by the shim, covering the CRIU images and
+//	                  berth-rootfs-diff.tar, the shim's own copy of the rootfs diff
 //	spec.dump         the source container's OCI runtime spec (JSON)
 //	config.dump       the source container's metadata (ContainerInfo as JSON)
 //	rootfs-diff.tar   the changes in the container's writable layer (absent when there are none)
@@ -29,6 +30,12 @@ const (
 	ConfigFile = "config.dump"
 	// RootfsDiffFile is a tar of the changes in the container's writable layer.
 	RootfsDiffFile = "rootfs-diff.tar"
+	// ImagesRootfsDiffFile is the shim's own tar of the changes in the container's writable
+	// layer (uncompressed, overlay whiteouts as OCI whiteouts), written into the CRIU image
+	// directory at checkpoint so that the image directory's signed berth.json covers it. A CRI
+	// checkpoint archive's rootfs-diff.tar is written by containerd after the shim signed the
+	// images, so no signature covers it; a restore of such an archive applies this copy instead.
+	ImagesRootfsDiffFile = "berth-rootfs-diff.tar"
 	// StatsDumpFile is CRIU's dump statistics file name (in the CRIU work directory).
 	StatsDumpFile = "stats-dump"
 	// DumpLogFile is CRIU's dump log file name (in the CRIU work directory).

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/privilege"
 )
 
 // ManifestVersion is the version of the berth manifest format this package writes and reads.
@@ -30,6 +31,11 @@ type Manifest struct {
 	Phases []Phase `json:"phases,omitempty"`
 	// GPU is the container's GPU state at checkpoint time; nil for a container without GPUs.
 	GPU *GPUState `json:"gpu,omitempty"`
+	// Security is the source container's security context as its OCI spec gave it (user,
+	// capabilities, privileged, no_new_privs, seccomp and AppArmor profiles, host namespaces;
+	// privilege.FromSpec), recorded by the shim at checkpoint. A restore compares it with the
+	// destination spec (privilege.CheckContainer). nil in manifests written before berth recorded it.
+	Security *privilege.Container `json:"security,omitempty"`
 }
 
 // GPUState records what a checkpoint of a GPU container needs on restore.
@@ -66,6 +72,13 @@ type ContainerInfo struct {
 	ID string `json:"id"`
 	// Namespace is the containerd namespace on the source node.
 	Namespace string `json:"namespace,omitempty"`
+	// KubernetesNamespace, Pod and ContainerName are the container's Kubernetes namespace, pod
+	// name and name in its pod, from the CRI annotations of its spec (oci.AnnotationCRISandboxNamespace,
+	// AnnotationCRISandboxName, AnnotationCRIContainerName); empty outside Kubernetes. The shim's
+	// namespace check on restore reads KubernetesNamespace from the signed manifest.
+	KubernetesNamespace string `json:"kubernetesNamespace,omitempty"`
+	Pod                 string `json:"pod,omitempty"`
+	ContainerName       string `json:"containerName,omitempty"`
 	// Image is the image reference the container was created from.
 	Image string `json:"image,omitempty"`
 	// ImageDigest is the digest of that image's manifest ("sha256:<hex>").

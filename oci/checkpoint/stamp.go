@@ -65,19 +65,27 @@ func WriteStamp(dir string, m *Manifest) error {
 // digests are taken as verified without reading them. It reports whether the stamp was used.
 // Errors are Verify's.
 func VerifyStamped(dir string, m *Manifest) (bool, error) {
+	return VerifyHeld(dir, dir, m)
+}
+
+// VerifyHeld is VerifyStamped for the checkpoint directory dir reached through held, another
+// path of the same directory (such as /proc/self/fd/N of dir held open, so that a directory
+// swapped in at dir's path meanwhile is not the one verified): the stamp is the one WriteStamp
+// wrote for dir, and every file is stat'ed and read through held.
+func VerifyHeld(held, dir string, m *Manifest) (bool, error) {
 	if b, err := os.ReadFile(stampPath(dir)); err == nil {
 		var old stamp
 		if json.Unmarshal(b, &old) == nil {
-			if cur, err := currentStamp(dir, m); err == nil && equalStamps(old, cur) {
+			if cur, err := currentStamp(held, m); err == nil && equalStamps(old, cur) {
 				known := make(map[string]string, len(m.Files))
 				for _, f := range m.Files {
 					known[f.Path] = f.Digest
 				}
-				return true, VerifyDigests(dir, m, known)
+				return true, VerifyDigests(held, m, known)
 			}
 		}
 	}
-	return false, Verify(dir, m)
+	return false, Verify(held, m)
 }
 
 func currentStamp(dir string, m *Manifest) (stamp, error) {

@@ -805,6 +805,10 @@ func fltMakeCheckpoint(t *testing.T, ctx context.Context, w *fltWorkload, dst *n
 	if err != nil {
 		t.Fatal(err)
 	}
+	// signed with the source node's key, as berth signs every checkpoint it writes
+	if _, err := w.n.Sign(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
 	if err := srcCk.Resume(namespaces.WithNamespace(ctx, node.Namespace)); err != nil {
 		t.Fatal(err)
 	}
@@ -1237,13 +1241,17 @@ func fltDigests(t *testing.T, p string) map[string]string {
 func fltRequireSums(t *testing.T, dir string, want map[string]string, except string) {
 	t.Helper()
 	got := fltDigests(t, dir)
+	exempt := func(p string) bool {
+		// an edited berth.json is signed again: its berth.sig differs with it
+		return p == except || (except == checkpoint.ManifestFile && p == checkpoint.SignatureFile)
+	}
 	for p, d := range want {
-		if p != except && got[p] != d {
+		if !exempt(p) && got[p] != d {
 			t.Errorf("%s: %s has digest %q, want %q", dir, p, got[p], d)
 		}
 	}
 	for p := range got {
-		if _, ok := want[p]; !ok && p != except {
+		if _, ok := want[p]; !ok && !exempt(p) {
 			t.Errorf("%s: unexpected file %s", dir, p)
 		}
 	}
@@ -1311,8 +1319,8 @@ func fltFlipByte(t *testing.T, p string, off int64) {
 	fltNoErr(t, err)
 }
 
-// fltEditManifest rewrites dir/berth.json through edit (as JSON objects); nothing else changes,
-// so its digests still match the files.
+// fltEditManifest rewrites dir/berth.json through edit (as JSON objects) and signs it again with
+// the source node's key; nothing else changes, so its digests still match the files.
 func fltEditManifest(t *testing.T, dir string, edit func(m map[string]any)) {
 	t.Helper()
 	p := filepath.Join(dir, checkpoint.ManifestFile)
@@ -1324,6 +1332,10 @@ func fltEditManifest(t *testing.T, dir string, edit func(m map[string]any)) {
 	b, err := json.MarshalIndent(m, "", "  ")
 	fltNoErr(t, err)
 	fltNoErr(t, os.WriteFile(p, b, 0o600))
+	// signed again by the source node (node1), so that the restore's refusal is the one the edit
+	// provokes, not a signature over other bytes
+	_, err = cluster.Nodes[0].Sign(context.Background(), dir)
+	fltNoErr(t, err)
 }
 
 // fltField returns the JSON object at key k of m.

@@ -48,6 +48,8 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1
 	}
+	// every berthctl the tests run signs and verifies with the cluster's operator configuration
+	os.Setenv(node.EnvShimConfig, cluster.BerthctlConfig)
 	// an interrupted run (Ctrl-C, a CI timeout) must not leave two containerd nodes behind
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)

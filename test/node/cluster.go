@@ -27,14 +27,19 @@ type Cluster struct {
 	Nodes []*Node
 	// Images maps image refs to their OCI archive paths.
 	Images map[string]string
+	// BerthctlConfig is the configuration berthctl runs with for this cluster (EnvShimConfig):
+	// it signs with the operator key BerthctlKey (public key BerthctlPublicKey), which every node
+	// trusts, and trusts every node's key.
+	BerthctlConfig, BerthctlKey, BerthctlPublicKey string
 }
 
 // Namespace is the containerd namespace the harness imports images into and runs containers in.
 const Namespace = "berth-test"
 
 // StartCluster builds berth (into dir/bin), builds the test images (cached in
-// <repo>/_output/images), and starts n nodes under dir with the images imported. On error,
-// nodes already started are stopped.
+// <repo>/_output/images), and starts n nodes under dir with the images imported, each with a
+// signing key of its own and trusting every node's and the operator key's (TrustEachOther,
+// BerthctlConfig). On error, nodes already started are stopped.
 func StartCluster(ctx context.Context, dir string, n int) (_ *Cluster, retErr error) {
 	return StartClusterWith(ctx, dir, n, Options{})
 }
@@ -93,6 +98,12 @@ func StartClusterWith(ctx context.Context, dir string, n int, tmpl Options) (_ *
 				return nil, err
 			}
 		}
+	}
+	if err := c.writeBerthctlConfig(dir); err != nil {
+		return nil, err
+	}
+	if err := c.TrustEachOther(); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -1,7 +1,7 @@
 // Package node starts and stops local containerd "nodes" for berth's integration tests, benchmarks
 // and demo: each node is a real containerd v2.4 with its own root, state, gRPC/ttrpc sockets,
-// XDG_RUNTIME_DIR, NRI socket, CNI configuration and berth shim configuration (checkpoint root),
-// on this one machine. It finds the stack that test/stack/install.sh built (containerd, runc, CRIU,
+// XDG_RUNTIME_DIR, NRI socket, CNI configuration and berth shim configuration (checkpoint root,
+// a signing key of its own, the cluster's keys trusted), on this one machine. It finds the stack that test/stack/install.sh built (containerd, runc, CRIU,
 // crictl, CNI plugins) and ends only the processes it started.
 //
 // What belongs here: node lifecycle and the paths and clients a test needs to reach a node. What

@@ -54,6 +54,9 @@ type Node struct {
 	Log string
 	// Env is the environment containerd (and so its shims) runs with.
 	Env []string
+	// SigningKey is the node's private key (0600), PublicKey its public key: the node's shim signs
+	// every checkpoint with it (trust.go).
+	SigningKey, PublicKey string
 	// GPU is the node's fake GPU root (nil without fake GPUs).
 	GPU   *fake.Node
 	stack Stack
@@ -127,6 +130,8 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 		CheckpointRoot: filepath.Join(dir, "checkpoints"),
 		XDG:            filepath.Join(dir, "xdg"),
 		Log:            filepath.Join(dir, "containerd.log"),
+		SigningKey:     filepath.Join(dir, "node.key"),
+		PublicKey:      filepath.Join(dir, "node.pub"),
 		stack:          o.Stack,
 	}
 	if len(n.Socket) > 100 {
@@ -147,7 +152,10 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 	if err := writeTemplate(filepath.Join(dir, "cni", "10-berth.conflist"), cniTmpl, data); err != nil {
 		return nil, err
 	}
-	shimCfg := fmt.Sprintf("checkpoint_root = %q\ncriu_path = %q\n", n.CheckpointRoot, o.Stack.Tool("criu"))
+	if err := WriteKeyPair(n.SigningKey, n.PublicKey); err != nil {
+		return nil, err
+	}
+	shimCfg := fmt.Sprintf("checkpoint_root = %q\ncriu_path = %q\nsigning_key = %q\n", n.CheckpointRoot, o.Stack.Tool("criu"), n.SigningKey)
 	if o.FakeGPUs > 0 {
 		spec := fake.NodeSpec{Driver: "580.65.06", CUDA: "12.8"}
 		for i := 0; i < o.FakeGPUs; i++ {

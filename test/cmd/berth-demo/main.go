@@ -45,6 +45,8 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 	if err != nil {
 		return err
 	}
+	// berthctl signs the move with the cluster's operator key, which both nodes trust
+	os.Setenv(node.EnvShimConfig, c.BerthctlConfig)
 	defer func() {
 		c.Stop(context.WithoutCancel(ctx))
 		os.RemoveAll(dir)
