@@ -463,7 +463,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	if err := ctx.Err(); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w: not verified within TransferTimeout %v: %w", name, ErrDeadline, transferTimeout, err)
 	}
-	if err := renameNoReplace(staging, final); err != nil {
+	if err := fsutil.RenameNoReplace(staging, final); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return "", drained, fmt.Errorf("receive %s: %w: %s", name, ErrExists, final)
 		}
