@@ -23,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 const (
@@ -584,7 +585,7 @@ func readHeader(br *bufio.Reader) (header, error) {
 		return header{}, fmt.Errorf("%w: header: %w", ErrProtocol, err)
 	}
 	if h.Magic != Magic {
-		return header{}, fmt.Errorf("%w: magic %q, want %q", ErrProtocol, h.Magic, Magic)
+		return header{}, fmt.Errorf("%w: magic %s, want %q", ErrProtocol, quote.Value(h.Magic), Magic)
 	}
 	return h, nil
 }

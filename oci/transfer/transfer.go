@@ -42,6 +42,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Magic identifies the protocol and its version, in the greeting and in the header line.
@@ -94,16 +96,16 @@ func ValidName(name string) error {
 	case name == "":
 		return fmt.Errorf("%w: empty", ErrInvalidName)
 	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalidName, name, MaxNameLen)
+		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidName, quote.Value(name), MaxNameLen)
 	case name[0] == '.':
-		return fmt.Errorf("%w: %q starts with \".\"", ErrInvalidName, name)
+		return fmt.Errorf("%w: %s starts with \".\"", ErrInvalidName, quote.Value(name))
 	case strings.Contains(name, ".."):
-		return fmt.Errorf("%w: %q contains \"..\"", ErrInvalidName, name)
+		return fmt.Errorf("%w: %s contains \"..\"", ErrInvalidName, quote.Value(name))
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%w: %q contains %q (allowed: A-Z a-z 0-9 . _ -)", ErrInvalidName, name, c)
+			return fmt.Errorf("%w: %s contains %q (allowed: A-Z a-z 0-9 . _ -)", ErrInvalidName, quote.Value(name), c)
 		}
 	}
 	return nil

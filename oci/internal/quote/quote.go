@@ -27,10 +27,9 @@ const Redacted = "<redacted>"
 
 // Ref returns the registry reference ref ("[scheme://][user[:password]@]host[:port]/repo[:tag]
 // [@digest]") without its user information, quoted and cut as Value does: a password written
-// into a reference never reaches an error or a log. The user information is everything before
-// the last "@" that is followed by a "/" (a digest's "@" is followed by none), or, when no "@"
-// is, before the last "@" at all unless what follows it is a digest ("sha256:..."); it is
-// replaced by Redacted.
+// into a reference never reaches an error or a log. The user information is everything up to
+// the last "@" that does not start a digest (an "@" after a "/" followed by "algorithm:hex");
+// it is replaced by Redacted.
 func Ref(ref string) string { return Value(StripCredentials(ref)) }
 
 // StripCredentials is Ref without the quoting and cutting.
@@ -41,28 +40,23 @@ func StripCredentials(ref string) string {
 	} else {
 		scheme += "://"
 	}
-	at := -1
 	for i := len(rest) - 1; i >= 0; i-- {
-		if rest[i] == '@' && strings.Contains(rest[i+1:], "/") {
-			at = i
-			break
+		if rest[i] != '@' {
+			continue
 		}
-	}
-	if at < 0 {
-		if i := strings.LastIndex(rest, "@"); i >= 0 && !isDigest(rest[i+1:]) {
-			at = i
+		if strings.Contains(rest[:i], "/") && isDigest(rest[i+1:]) {
+			continue // a digest's "@"
 		}
+		return scheme + Redacted + rest[i:]
 	}
-	if at < 0 {
-		return ref
-	}
-	return scheme + Redacted + rest[at:]
+	return ref
 }
 
-// isDigest reports whether s looks like "algorithm:hex".
+// isDigest reports whether s looks like "algorithm:encoded" (OCI image-spec's grammar, the
+// algorithm starting with a letter).
 func isDigest(s string) bool {
-	algo, hex, ok := strings.Cut(s, ":")
-	if !ok || algo == "" || hex == "" {
+	algo, enc, ok := strings.Cut(s, ":")
+	if !ok || algo == "" || enc == "" || !('a' <= algo[0] && algo[0] <= 'z') {
 		return false
 	}
 	for _, c := range algo {
@@ -70,5 +64,10 @@ func isDigest(s string) bool {
 			return false
 		}
 	}
-	return strings.Trim(hex, "0123456789abcdefABCDEF=") == ""
+	for _, c := range enc {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '=' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

@@ -15,6 +15,8 @@ func TestStripCredentials(t *testing.T) {
 		{"oci://berth:s3cret@reg.example/ckpt:1", "oci://<redacted>@reg.example/ckpt:1"},
 		{"oci://berth:s3/cr@t@reg.example/ckpt@" + d, "oci://<redacted>@reg.example/ckpt@" + d},
 		{"berth:s3cret@reg.example", "<redacted>@reg.example"},
+		{"berth:s3cret@127.0.0.1:5000", "<redacted>@127.0.0.1:5000"},
+		{"reg.example/repo@notadigest", "<redacted>@notadigest"},
 		{"https://berth:p%40ss@reg.example:5000/a/b:c", "https://<redacted>@reg.example:5000/a/b:c"},
 		{"no-at-all", "no-at-all"},
 	} {
