@@ -511,6 +511,9 @@ func TestReadProcessesLive(t *testing.T) {
 			oddTID := 0
 			if tc.odd {
 				line, err := bufio.NewReader(out).ReadString('\n')
+				if err != nil {
+					t.Fatalf("helper said %q: %v", line, err)
+				}
 				if oddTID, err = strconv.Atoi(strings.TrimSpace(line)); err != nil {
 					t.Fatalf("helper said %q: %v", line, err)
 				}
