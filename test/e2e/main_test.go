@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berth-dev/berth/test/keys"
 	"github.com/berth-dev/berth/test/node"
 )
 
@@ -48,6 +49,14 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1
 	}
+	// every berthctl the tests run signs and verifies checkpoints with the nodes' keys
+	cfg, err := keys.BerthctlConfig(dir, cluster.Nodes[0].ShimConfig())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: berthctl configuration:", err)
+		cluster.Stop(ctx)
+		return 1
+	}
+	os.Setenv("BERTH_SHIM_CONFIG", cfg)
 	// an interrupted run (Ctrl-C, a CI timeout) must not leave two containerd nodes behind
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)

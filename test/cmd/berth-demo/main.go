@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/berth-dev/berth/test/keys"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/scenario"
 )
@@ -49,6 +50,12 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 		c.Stop(context.WithoutCancel(ctx))
 		os.RemoveAll(dir)
 	}()
+	// berthctl signs the checkpoint it moves and verifies it on receipt, with the node's keys
+	cfg, err := keys.BerthctlConfig(dir, c.Nodes[0].ShimConfig())
+	if err != nil {
+		return err
+	}
+	os.Setenv("BERTH_SHIM_CONFIG", cfg)
 	rep, err := scenario.MoveInference(ctx, c, c.Nodes[0], c.Nodes[1], scenario.InferenceOptions{
 		ID: "demo-infer", WeightsMiB: weights, Sessions: sessions, Tokens: tokens, MoveAfter: moveAfter,
 		DelayMs: 20, Out: os.Stdout, GPU: gpuMode,
