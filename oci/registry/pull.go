@@ -28,16 +28,19 @@ import (
 // of mode 0600 and directories of mode 0700, since a checkpoint holds process memory. On any
 // error, dir and everything in it are removed: a failed Pull leaves nothing behind.
 //
-// Before creating dir, Pull checks the OCI manifest (digest, media types), every layer title
+// Before writing anything, Pull checks the OCI manifest (digest, media types), every layer title
 // (archive.ErrUnsafePath for an absolute path, "..", or berth.json), the number of files and
 // their sizes against Options.Limits, and that the layers are exactly the files berth.json
-// lists. Each blob's size and digest are checked while it streams, and the result is verified
-// again with checkpoint.ReadManifest and checkpoint.Verify. Up to Options.Concurrency files are downloaded at
-// once. A successful Pull leaves a verification stamp (checkpoint.WriteStamp, in <parent>/.verified/)
+// lists. It fills a staging directory beside dir: berth.json and berth.sig first, then
+// Options.Verify (the signature check) before any other file is fetched. Each blob's size and
+// digest are checked while it streams, and the result is verified again with
+// checkpoint.ReadManifest and checkpoint.Verify before the staging directory is renamed to dir.
+// Up to Options.Concurrency files are downloaded at once. A successful Pull leaves a verification stamp (checkpoint.WriteStamp, in <parent>/.verified/)
 // so a shim restoring from dir skips re-reading files that have not changed since.
 //
 // Errors (wrapped, naming the reference, the registry and dir): an error wrapping fs.ErrExist
-// when dir exists; ErrUnauthorized when the registry wants credentials or refuses them;
+// when dir exists; Options.Verify's (signature.ErrUnsigned, ErrUntrustedKey, ErrBadSignature);
+// ErrCredentialsInReference; ErrUnauthorized when the registry wants credentials or refuses them;
 // ErrNotCheckpoint, ErrLayerMismatch; archive.ErrUnsafePath,
 // archive.ErrDuplicateEntry, archive.ErrTooManyEntries, archive.ErrFileTooLarge,
 // archive.ErrTotalTooLarge; checkpoint.ErrDigestMismatch for a blob whose content does not match its

@@ -33,7 +33,9 @@ import (
 // the CRIU images are verified against it and a top-level berth.json covering every file is
 // written, so the pulled checkpoint is verified whole.
 //
-// The checkpoint is verified against its berth.json (checkpoint.Verify) before anything is uploaded;
+// The checkpoint is verified against its berth.json (checkpoint.Verify) and Options.Verify before
+// anything is uploaded; its berth.sig, if any, is uploaded as the last layer, and with
+// Options.Signer the pushed manifest is signed cosign's way once tagged (see the package doc);
 // blobs the registry already has are not uploaded again, so pushing again after a failure only
 // sends what is missing. The tag is written last: a reader never sees a partial checkpoint under
 // it. Up to Options.Concurrency blobs are uploaded at once.

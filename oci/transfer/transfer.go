@@ -25,8 +25,9 @@
 //
 // The receiver only ever writes verified checkpoints: it extracts into a staging directory,
 // checks the berth.json it received against the header's and every file against the manifest
-// (checkpoint.Verify), and only then renames the staging directory into place. It never restores
-// anything.
+// (checkpoint.Verify), calls the Verify hook (berthctl wires the node's trust policy there: the
+// berth.sig beside berth.json must be a trusted key's signature of it), and only then renames
+// the staging directory into place. It never restores anything.
 //
 // Between nodes the protocol runs over mutual TLS (TLS 1.3): both ends present a
 // certificate of the cluster's CA (TLSFiles, ServerTLS, ClientTLS) and Listen and Dial refuse
