@@ -157,7 +157,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&to, "to", "", "destination containerd socket (required)")
 	f.StringVar(&newID, "id", "", "id of the new container on the destination (default: CONTAINER)")
 	deprecatedAlias(f, &newID, "target-id", "id")
-	f.StringVar(&root, "root", checkpoint.DefaultRoot, "destination checkpoint root (the shim's checkpoint_root), for the in-process receiver (default: checkpoint_root of --config)")
+	f.StringVar(&root, "root", "", "destination checkpoint root, for the in-process receiver (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	deprecatedAlias(f, &root, "to-root", "root")
 	f.StringVar(&receiver, "receiver", "", "HOST:PORT of a 'berthctl receive' on the destination (default: one in this process)")
 	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate)")

@@ -74,7 +74,7 @@ func Restore(g *Globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "id", "", "id of the new container (required)")
-	f.StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root (default: checkpoint_root of --config)")
+	f.StringVar(&root, "root", "", "checkpoint root (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr")
 	output = addFormat(f, formatText, formatJSON)
 	return cmd

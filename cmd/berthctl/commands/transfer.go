@@ -252,7 +252,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:7650", "address to listen on (anything but loopback needs --tls-ca, --tls-cert and --tls-key)")
-	f.StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root to write into (default: checkpoint_root of --config)")
+	f.StringVar(&root, "root", "", "checkpoint root to write into (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	f.StringArrayVar(&allowed, "allowed-peer", nil, "accept only senders whose certificate names this (SAN or CN; repeatable; default: any the CA issued)")
 	f.DurationVar(&transferTimeout, "transfer-timeout", 0, "bound on one whole transfer, handshake to verdict (0: 30m)")
 	tf = addTLSFlags(f)

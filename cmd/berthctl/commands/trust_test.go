@@ -481,3 +481,27 @@ func TestSignAndInspect(t *testing.T) {
 }
 
 func newFlagSet() *pflag.FlagSet { return pflag.NewFlagSet("berthctl", pflag.ContinueOnError) }
+
+// TestCheckpointRootFromConfig: --root, else checkpoint_root of --config, else the default.
+func TestCheckpointRootFromConfig(t *testing.T) {
+	tr := newTrust(t, `checkpoint_root = "/srv/berth/ckpts"`)
+	for _, tc := range []struct {
+		g    *Globals
+		args []string
+		want string
+	}{
+		{tr.g, nil, "/srv/berth/ckpts"},
+		{tr.g, []string{"--root", "/elsewhere"}, "/elsewhere"},
+		{&Globals{Config: filepath.Join(t.TempDir(), "none.toml")}, nil, checkpoint.DefaultRoot},
+	} {
+		cmd := Receive(tc.g)
+		if err := cmd.ParseFlags(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		root, _ := cmd.Flags().GetString("root")
+		got, err := tc.g.checkpointRoot(cmd.Flags(), root)
+		if err != nil || got != tc.want {
+			t.Errorf("%v: root %q, %v; want %q", tc.args, got, err, tc.want)
+		}
+	}
+}
