@@ -46,7 +46,12 @@ checkpoints, and moves a running container from one containerd node to another.
 
 -a/--address and -n/--namespace choose the containerd and its namespace, as ctr's do
 ($CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE when not given). Commands that print a result
-take -o text|json; a file to write is --file.`,
+take -o text|json; a file to write is --file.
+
+--config is the node's berth configuration, the shim's ($BERTH_SHIM_CONFIG, default
+/etc/berth/shim.toml): berthctl reads its signing_key (every checkpoint berthctl writes or pushes
+is signed with it), trusted_keys and allow_unsigned (receive, pull, push and inspect --verify
+keep only checkpoints a trusted key signed) and checkpoint_root (the default --root).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -61,10 +66,11 @@ take -o text|json; a file to write is --file.`,
 	checkpoint := commands.Checkpoint()
 	checkpoint.AddCommand(
 		commands.CheckpointCreate(g),
-		commands.CheckpointInspect(),
+		commands.CheckpointInspect(g),
+		commands.CheckpointSign(g),
 		commands.CheckpointSelector(),
-		commands.CheckpointPush(),
-		commands.CheckpointPull(),
+		commands.CheckpointPush(g),
+		commands.CheckpointPull(g),
 	)
 	for _, c := range []struct {
 		group string
@@ -77,7 +83,7 @@ take -o text|json; a file to write is --file.`,
 		{groupCheckpoints, checkpoint},
 		{groupMoves, commands.Migrate(g)},
 		{groupMoves, commands.Send()},
-		{groupMoves, commands.Receive()},
+		{groupMoves, commands.Receive(g)},
 		{groupMoves, commands.Restore(g)},
 	} {
 		c.cmd.GroupID = c.group
@@ -85,7 +91,7 @@ take -o text|json; a file to write is --file.`,
 	}
 
 	// the former places of push and pull: they still work, hidden, and say where they went
-	for _, c := range []*cobra.Command{commands.CheckpointPush(), commands.CheckpointPull()} {
+	for _, c := range []*cobra.Command{commands.CheckpointPush(g), commands.CheckpointPull(g)} {
 		c.Deprecated = "use 'berthctl checkpoint " + c.Name() + "'"
 		root.AddCommand(c)
 	}

@@ -25,8 +25,8 @@ func TestArtifactManifestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	man := artifactManifest(m, config)
-	again, _ := json.Marshal(artifactManifest(m, config))
+	man := artifactManifest(m, config, nil)
+	again, _ := json.Marshal(artifactManifest(m, config, nil))
 	if first, _ := json.Marshal(man); string(first) != string(again) {
 		t.Fatal("the same checkpoint gives two different OCI manifests")
 	}

@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
@@ -17,6 +20,7 @@ import (
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Pull downloads the checkpoint artifact ref ("host[:port]/repository:tag" or "...@sha256:...")
@@ -24,16 +28,19 @@ import (
 // of mode 0600 and directories of mode 0700, since a checkpoint holds process memory. On any
 // error, dir and everything in it are removed: a failed Pull leaves nothing behind.
 //
-// Before creating dir, Pull checks the OCI manifest (digest, media types), every layer title
+// Before writing anything, Pull checks the OCI manifest (digest, media types), every layer title
 // (archive.ErrUnsafePath for an absolute path, "..", or berth.json), the number of files and
 // their sizes against Options.Limits, and that the layers are exactly the files berth.json
-// lists. Each blob's size and digest are checked while it streams, and the result is verified
-// again with checkpoint.ReadManifest and checkpoint.Verify. Up to Options.Concurrency files are downloaded at
-// once. A successful Pull leaves a verification stamp (checkpoint.WriteStamp, in <parent>/.verified/)
+// lists. It fills a staging directory beside dir: berth.json and berth.sig first, then
+// Options.Verify (the signature check) before any other file is fetched. Each blob's size and
+// digest are checked while it streams, and the result is verified again with
+// checkpoint.ReadManifest and checkpoint.Verify before the staging directory is renamed to dir.
+// Up to Options.Concurrency files are downloaded at once. A successful Pull leaves a verification stamp (checkpoint.WriteStamp, in <parent>/.verified/)
 // so a shim restoring from dir skips re-reading files that have not changed since.
 //
 // Errors (wrapped, naming the reference, the registry and dir): an error wrapping fs.ErrExist
-// when dir exists; ErrUnauthorized when the registry wants credentials or refuses them;
+// when dir exists; Options.Verify's (signature.ErrUnsigned, ErrUntrustedKey, ErrBadSignature);
+// ErrCredentialsInReference; ErrUnauthorized when the registry wants credentials or refuses them;
 // ErrNotCheckpoint, ErrLayerMismatch; archive.ErrUnsafePath,
 // archive.ErrDuplicateEntry, archive.ErrTooManyEntries, archive.ErrFileTooLarge,
 // archive.ErrTotalTooLarge; checkpoint.ErrDigestMismatch for a blob whose content does not match its
@@ -54,7 +61,7 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 		return err
 	}
 	if t.ref.Reference == "" {
-		return fmt.Errorf("reference %q names no tag or digest (add :TAG or @sha256:...): %w", ref, ErrNoTag)
+		return fmt.Errorf("reference %s names no tag or digest (add :TAG or @sha256:...): %w", quote.Ref(ref), ErrNoTag)
 	}
 	if err := t.ref.ValidateReference(); err != nil {
 		return err
@@ -84,11 +91,15 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	}
 	if desc.MediaType != ocispec.MediaTypeImageManifest || man.MediaType != ocispec.MediaTypeImageManifest ||
 		man.ArtifactType != ArtifactType || man.Config.MediaType != ConfigMediaType {
-		return fmt.Errorf("%w: manifest %s has media type %q, artifact type %q, config media type %q (want %q, %q, %q)",
-			ErrNotCheckpoint, desc.Digest, man.MediaType, man.ArtifactType, man.Config.MediaType,
+		return fmt.Errorf("%w: manifest %s has media type %s, artifact type %s, config media type %s (want %q, %q, %q)",
+			ErrNotCheckpoint, desc.Digest, quote.Value(man.MediaType), quote.Value(man.ArtifactType), quote.Value(man.Config.MediaType),
 			ocispec.MediaTypeImageManifest, ArtifactType, ConfigMediaType)
 	}
-	if err := checkLayers(man.Layers, opts.Limits.WithDefaults()); err != nil {
+	files, sigLayer, err := splitLayers(man.Layers)
+	if err != nil {
+		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	if err := checkLayers(files, opts.Limits.WithDefaults()); err != nil {
 		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
 	if man.Config.Size > checkpoint.MaxManifestBytes || man.Config.Size < 0 {
@@ -100,7 +111,7 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 		pr.total += l.Size
 	}
 	pr.start()
-	config, err := fetchConfig(ctx, t, man.Config)
+	config, err := fetchSmall(ctx, t, man.Config)
 	if err != nil {
 		return fmt.Errorf("fetch %s (%s): %w", checkpoint.ManifestFile, man.Config.Digest, err)
 	}
@@ -109,20 +120,29 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("%s (%s): %w", checkpoint.ManifestFile, man.Config.Digest, err)
 	}
-	if err := matchLayers(man.Layers, m); err != nil {
+	if err := matchLayers(files, m); err != nil {
 		return fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
+	var sig []byte
+	if sigLayer != nil {
+		if sig, err = fetchSmall(ctx, t, *sigLayer); err != nil {
+			return fmt.Errorf("fetch %s (%s): %w", checkpoint.SignatureFile, sigLayer.Digest, err)
+		}
+		pr.add(int64(len(sig)))
+	}
 
-	// Everything that can be checked without the files was: create dir.
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	// Everything that can be checked without the files was: create a staging directory beside
+	// dir, so that nothing half-pulled or unverified is ever at dir.
+	staging, err := stagingDir(dir)
+	if err != nil {
 		return err
 	}
 	defer func() {
 		if retErr != nil {
-			os.RemoveAll(dir)
+			os.RemoveAll(staging)
 		}
 	}()
-	root, err := os.OpenRoot(dir)
+	root, err := os.OpenRoot(staging)
 	if err != nil {
 		return err
 	}
@@ -130,9 +150,20 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err := writeFile(root, checkpoint.ManifestFile, config); err != nil {
 		return err
 	}
+	if sig != nil {
+		if err := writeFile(root, checkpoint.SignatureFile, sig); err != nil {
+			return err
+		}
+	}
+	// the signature covers berth.json, which covers every file: check it before fetching them
+	if opts.Verify != nil {
+		if err := opts.Verify(ctx, staging); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.concurrency())
-	for i, l := range man.Layers {
+	for i, l := range files {
 		p := m.Files[i].Path
 		g.Go(func() error {
 			if err := pullFile(gctx, t, root, l, p, pr); err != nil {
@@ -144,11 +175,14 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	got, err := checkpoint.ReadManifest(dir)
+	got, err := checkpoint.ReadManifest(staging)
 	if err != nil {
 		return err
 	}
-	if err := checkpoint.Verify(dir, got); err != nil {
+	if err := checkpoint.Verify(staging, got); err != nil {
+		return err
+	}
+	if err := fsutil.RenameNoReplace(staging, dir); err != nil {
 		return err
 	}
 	// Record the verification (<parent>/.verified/<name>.json), so that a shim restoring from
@@ -156,6 +190,40 @@ func pull(ctx context.Context, ref, dir string, opts Options) (retErr error) {
 	// stamp the shim verifies in full.
 	_ = checkpoint.WriteStamp(dir, got)
 	return nil
+}
+
+// StagingPrefix starts the name of the directory Pull fills beside its destination before it
+// renames it into place: StagingPrefix + name + "-" + 16 hex digits.
+const StagingPrefix = ".pulling-"
+
+// stagingDir creates (mode 0700) a new, empty staging directory beside dir.
+func stagingDir(dir string) (string, error) {
+	var suffix [8]byte
+	_, _ = rand.Read(suffix[:]) // never fails
+	p := filepath.Join(filepath.Dir(dir), StagingPrefix+filepath.Base(dir)+"-"+hex.EncodeToString(suffix[:]))
+	if err := os.Mkdir(p, 0o700); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// splitLayers separates the file layers from the signature layer, which, when there is one, is
+// the last layer, with media type SignatureMediaType and title berth.sig.
+func splitLayers(layers []ocispec.Descriptor) (files []ocispec.Descriptor, sig *ocispec.Descriptor, err error) {
+	for i, l := range layers {
+		if l.MediaType != SignatureMediaType {
+			continue
+		}
+		if i != len(layers)-1 || l.Annotations[ocispec.AnnotationTitle] != checkpoint.SignatureFile {
+			return nil, nil, fmt.Errorf("%w: layers[%d] %s: a signature layer must be the last one, titled %q (it is titled %s)",
+				ErrNotCheckpoint, i, l.Digest, checkpoint.SignatureFile, quote.Value(l.Annotations[ocispec.AnnotationTitle]))
+		}
+		if l.Size < 0 || l.Size > maxSignatureBytes {
+			return nil, nil, fmt.Errorf("%w: %s layer of %d bytes (at most %d)", ErrNotCheckpoint, checkpoint.SignatureFile, l.Size, maxSignatureBytes)
+		}
+		return layers[:i], &layers[i], nil
+	}
+	return layers, nil, nil
 }
 
 // checkLayers checks what an OCI manifest says about the files before anything is fetched.
@@ -168,17 +236,17 @@ func checkLayers(layers []ocispec.Descriptor, lim archive.Limits) error {
 	for i, l := range layers {
 		title, ok := l.Annotations[ocispec.AnnotationTitle]
 		if l.MediaType != FileMediaType || !ok {
-			return fmt.Errorf("%w: layers[%d] %s: media type %q, title %q", ErrNotCheckpoint, i, l.Digest, l.MediaType, title)
+			return fmt.Errorf("%w: layers[%d] %s: media type %s, title %s", ErrNotCheckpoint, i, l.Digest, quote.Value(l.MediaType), quote.Value(title))
 		}
 		if !checkpoint.ValidFilePath(title) {
-			return fmt.Errorf("layers[%d] %q: %w: not a clean relative path inside the checkpoint", i, title, archive.ErrUnsafePath)
+			return fmt.Errorf("layers[%d] %s: %w: not a clean relative path inside the checkpoint", i, quote.Value(title), archive.ErrUnsafePath)
 		}
 		if seen[title] {
-			return fmt.Errorf("layers[%d] %q: %w", i, title, archive.ErrDuplicateEntry)
+			return fmt.Errorf("layers[%d] %s: %w", i, quote.Value(title), archive.ErrDuplicateEntry)
 		}
 		seen[title] = true
 		if l.Size < 0 || l.Size > lim.MaxFileBytes {
-			return fmt.Errorf("layers[%d] %q: %w: %d bytes (at most %d)", i, title, archive.ErrFileTooLarge, l.Size, lim.MaxFileBytes)
+			return fmt.Errorf("layers[%d] %s: %w: %d bytes (at most %d)", i, quote.Value(title), archive.ErrFileTooLarge, l.Size, lim.MaxFileBytes)
 		}
 		total += l.Size
 		if total > lim.MaxTotalBytes {
@@ -196,15 +264,16 @@ func matchLayers(layers []ocispec.Descriptor, m *checkpoint.Manifest) error {
 	for i, f := range m.Files {
 		l := layers[i]
 		if title := l.Annotations[ocispec.AnnotationTitle]; title != f.Path || l.Size != f.Size || l.Digest.String() != f.Digest {
-			return fmt.Errorf("%w: layers[%d] is %q (%d bytes, %s), berth.json has %q (%d bytes, %s)",
-				ErrLayerMismatch, i, title, l.Size, l.Digest, f.Path, f.Size, f.Digest)
+			return fmt.Errorf("%w: layers[%d] is %s (%d bytes, %s), berth.json has %s (%d bytes, %s)",
+				ErrLayerMismatch, i, quote.Value(title), l.Size, l.Digest, quote.Value(f.Path), f.Size, quote.Value(f.Digest))
 		}
 	}
 	return nil
 }
 
-// fetchConfig fetches and verifies the config blob (berth.json).
-func fetchConfig(ctx context.Context, t *target, desc ocispec.Descriptor) ([]byte, error) {
+// fetchSmall fetches and verifies a blob read into memory (berth.json, berth.sig), whose size
+// the caller bounded.
+func fetchSmall(ctx context.Context, t *target, desc ocispec.Descriptor) ([]byte, error) {
 	rc, err := t.repo.Fetch(ctx, desc)
 	if err != nil {
 		return nil, err

@@ -6,8 +6,10 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -16,10 +18,10 @@ import (
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
-	orasreg "oras.land/oras-go/v2/registry"
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Push uploads the checkpoint at src to the registry as ref ("host[:port]/repository:tag") and
@@ -31,7 +33,9 @@ import (
 // the CRIU images are verified against it and a top-level berth.json covering every file is
 // written, so the pulled checkpoint is verified whole.
 //
-// The checkpoint is verified against its berth.json (checkpoint.Verify) before anything is uploaded;
+// The checkpoint is verified against its berth.json (checkpoint.Verify) and Options.Verify before
+// anything is uploaded; its berth.sig, if any, is uploaded as the last layer, and with
+// Options.Signer the pushed manifest is signed cosign's way once tagged (see the package doc);
 // blobs the registry already has are not uploaded again, so pushing again after a failure only
 // sends what is missing. The tag is written last: a reader never sees a partial checkpoint under
 // it. Up to Options.Concurrency blobs are uploaded at once.
@@ -49,11 +53,12 @@ func Push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	return desc, nil
 }
 
-// refName names ref and its registry for an error message, even when ref does not parse.
+// refName names ref and its registry for an error message, even when ref does not parse; a
+// reference that does not parse is quoted cut and without credentials (quote.Ref).
 func refName(ref string) string {
-	r, err := orasreg.ParseReference(ref)
+	r, err := parseRef(ref)
 	if err != nil {
-		return fmt.Sprintf("%q", ref)
+		return quote.Ref(ref)
 	}
 	return (&target{ref: r}).String()
 }
@@ -66,7 +71,7 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	if err := t.ref.ValidateReferenceAsTag(); err != nil {
 		return Descriptor{}, fmt.Errorf("%w: %w", ErrNoTag, err)
 	}
-	dir, cleanup, err := checkpointDir(src, opts)
+	dir, cleanup, err := checkpointDir(ctx, src, opts)
 	if err != nil {
 		return Descriptor{}, err
 	}
@@ -83,8 +88,17 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	if err := checkpoint.Verify(dir, m); err != nil {
 		return Descriptor{}, fmt.Errorf("checkpoint %s is not intact: %w", src, err)
 	}
+	if opts.Verify != nil {
+		if err := opts.Verify(ctx, dir); err != nil {
+			return Descriptor{}, fmt.Errorf("checkpoint %s: %w", src, err)
+		}
+	}
+	sig, err := readSignature(dir)
+	if err != nil {
+		return Descriptor{}, err
+	}
 
-	manifest := artifactManifest(m, config)
+	manifest := artifactManifest(m, config, sig)
 	body, err := json.Marshal(manifest)
 	if err != nil {
 		return Descriptor{}, err
@@ -100,7 +114,11 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	for i, l := range manifest.Layers {
 		if !seen[l.Digest] {
 			seen[l.Digest] = true
-			blobs = append(blobs, blob{desc: l, path: m.Files[i].Path})
+			p := checkpoint.SignatureFile
+			if i < len(m.Files) {
+				p = m.Files[i].Path
+			}
+			blobs = append(blobs, blob{desc: l, path: p})
 		}
 	}
 	pr := &progress{fn: opts.Progress}
@@ -122,7 +140,7 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 			if name == "" {
 				name = checkpoint.ManifestFile
 			}
-			if err := pushBlob(gctx, t, root, b.desc, b.path, config, pr); err != nil {
+			if err := pushBlob(gctx, t, root, b.desc, b.path, config, sig, pr); err != nil {
 				return fmt.Errorf("upload %s (%s, %d bytes): %w", name, b.desc.Digest, b.desc.Size, shortURL(err))
 			}
 			return nil
@@ -141,11 +159,33 @@ func push(ctx context.Context, src, ref string, opts Options) (Descriptor, error
 	if err := t.repo.PushReference(ctx, desc, bytes.NewReader(body), t.ref.Reference); err != nil {
 		return Descriptor{}, fmt.Errorf("push manifest %s: %w", desc.Digest, err)
 	}
+	if opts.Signer != nil {
+		if err := cosignSign(ctx, t, desc, opts.Signer); err != nil {
+			return Descriptor{}, fmt.Errorf("pushed %s, but not its signature: %w", desc.Digest, err)
+		}
+	}
 	return desc, nil
 }
 
-// pushBlob uploads one blob unless the registry has it: the config from memory, a file from root.
-func pushBlob(ctx context.Context, t *target, root *os.Root, desc ocispec.Descriptor, path string, config []byte, pr *progress) error {
+// readSignature returns dir's berth.sig, nil when there is none.
+func readSignature(dir string) ([]byte, error) {
+	p := filepath.Join(dir, checkpoint.SignatureFile)
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxSignatureBytes {
+		return nil, fmt.Errorf("%s: %w: not a regular file of at most %d bytes", p, checkpoint.ErrUnsupportedFile, maxSignatureBytes)
+	}
+	return os.ReadFile(p)
+}
+
+// pushBlob uploads one blob unless the registry has it: the config and the signature from
+// memory, a file from root.
+func pushBlob(ctx context.Context, t *target, root *os.Root, desc ocispec.Descriptor, path string, config, sig []byte, pr *progress) error {
 	ok, err := t.repo.Exists(ctx, desc)
 	if err != nil {
 		return err
@@ -154,8 +194,11 @@ func pushBlob(ctx context.Context, t *target, root *os.Root, desc ocispec.Descri
 		pr.add(desc.Size)
 		return nil
 	}
-	if path == "" {
+	switch path {
+	case "":
 		return t.repo.Push(ctx, desc, reader{r: bytes.NewReader(config), p: pr})
+	case checkpoint.SignatureFile:
+		return t.repo.Push(ctx, desc, reader{r: bytes.NewReader(sig), p: pr})
 	}
 	f, err := root.Open(path)
 	if err != nil {
@@ -168,9 +211,9 @@ func pushBlob(ctx context.Context, t *target, root *os.Root, desc ocispec.Descri
 }
 
 // artifactManifest is the OCI manifest of a checkpoint whose berth manifest is m, encoded as
-// config (see the package documentation).
-func artifactManifest(m *checkpoint.Manifest, config []byte) ocispec.Manifest {
-	layers := make([]ocispec.Descriptor, len(m.Files))
+// config, and whose berth.sig is sig (nil: unsigned) (see the package documentation).
+func artifactManifest(m *checkpoint.Manifest, config, sig []byte) ocispec.Manifest {
+	layers := make([]ocispec.Descriptor, len(m.Files), len(m.Files)+1)
 	for i, f := range m.Files {
 		layers[i] = ocispec.Descriptor{
 			MediaType:   FileMediaType,
@@ -178,6 +221,14 @@ func artifactManifest(m *checkpoint.Manifest, config []byte) ocispec.Manifest {
 			Size:        f.Size,
 			Annotations: map[string]string{ocispec.AnnotationTitle: f.Path},
 		}
+	}
+	if sig != nil {
+		layers = append(layers, ocispec.Descriptor{
+			MediaType:   SignatureMediaType,
+			Digest:      digest.FromBytes(sig),
+			Size:        int64(len(sig)),
+			Annotations: map[string]string{ocispec.AnnotationTitle: checkpoint.SignatureFile},
+		})
 	}
 	ann := map[string]string{}
 	set := func(k, v string) {
@@ -214,7 +265,7 @@ func artifactManifest(m *checkpoint.Manifest, config []byte) ocispec.Manifest {
 
 // checkpointDir returns the checkpoint directory for src: src itself when it is a directory, or
 // a temporary extraction of the archive file src, removed by cleanup.
-func checkpointDir(src string, opts Options) (dir string, cleanup func(), err error) {
+func checkpointDir(ctx context.Context, src string, opts Options) (dir string, cleanup func(), err error) {
 	info, err := os.Stat(src)
 	if err != nil {
 		return "", nil, err
@@ -261,6 +312,12 @@ func checkpointDir(src string, opts Options) (dir string, cleanup func(), err er
 		if _, err := checkpoint.SignCRICheckpoint(dir); err != nil {
 			cleanup()
 			return "", nil, fmt.Errorf("CRI checkpoint archive %s: %w", src, err)
+		}
+		if opts.SignCRI != nil {
+			if err := opts.SignCRI(ctx, dir); err != nil {
+				cleanup()
+				return "", nil, fmt.Errorf("CRI checkpoint archive %s: %w", src, err)
+			}
 		}
 	}
 	return dir, cleanup, nil

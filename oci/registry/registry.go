@@ -1,6 +1,8 @@
 package registry
 
 import (
+	"context"
+	"crypto"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -14,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/errdef"
 	orasreg "oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -22,6 +25,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/retry"
 
 	"github.com/berth-dev/berth/oci/archive"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Media types and annotations of a checkpoint artifact (see the package documentation).
@@ -32,6 +36,9 @@ const (
 	ConfigMediaType = "application/vnd.berth.manifest.v1+json"
 	// FileMediaType is the media type of each layer: one checkpoint file, raw.
 	FileMediaType = "application/vnd.berth.checkpoint.file.v1"
+	// SignatureMediaType is the media type of the last layer of a signed checkpoint: berth.sig,
+	// the DSSE envelope that signs berth.json (package oci/signature).
+	SignatureMediaType = "application/vnd.dsse.envelope.v1+json"
 
 	// AnnotationContainerID is the checkpointed container's id on the source node.
 	AnnotationContainerID = "dev.berth.checkpoint.container.id"
@@ -51,6 +58,9 @@ const DefaultConcurrency = 4
 
 // maxOCIManifestBytes bounds the OCI manifest Pull accepts, in bytes (oras-go's own default).
 const maxOCIManifestBytes = 4 << 20
+
+// maxSignatureBytes bounds the berth.sig layer, in bytes (oci/signature reads at most as much).
+const maxSignatureBytes = 24 << 20
 
 // Errors of this package; they are returned wrapped, with the reference and registry.
 var (
@@ -127,6 +137,20 @@ type Options struct {
 	// TempDir is where Push extracts a checkpoint archive before uploading it; empty means
 	// os.TempDir(). Not used for directories.
 	TempDir string
+
+	// Verify, if set, is the trust check (signature.Policy.Verify, as berthctl wires it). Push
+	// calls it on the checkpoint before anything is uploaded, so a node never vouches for a
+	// checkpoint it would not restore; Pull calls it on the new checkpoint as soon as its
+	// berth.json and berth.sig are written, before any other file is fetched. Its error refuses
+	// the checkpoint (Pull removes everything it wrote).
+	Verify func(ctx context.Context, dir string) error
+	// SignCRI, if set, signs the top-level berth.json that Push writes for a CRI checkpoint
+	// archive (signature.Policy.Sign), so that the berth.sig pushed with it covers the whole
+	// archive. Without it such a checkpoint is pushed unsigned.
+	SignCRI func(ctx context.Context, dir string) error
+	// Signer, if set, signs the pushed artifact's OCI manifest in cosign's format once the tag is
+	// written (CosignSignatureTag), for the ecosystem's verifiers.
+	Signer crypto.Signer
 }
 
 func (o Options) concurrency() int {
@@ -147,18 +171,46 @@ func (t *target) String() string {
 	return fmt.Sprintf("%s (registry %s)", t.ref, t.ref.Registry)
 }
 
-// newTarget parses ref ("host[:port]/repository[:tag|@digest]") and sets up its client.
-func newTarget(ref string, o Options) (*target, error) {
+// ErrCredentialsInReference: a reference names a user (and password) before the host
+// ("user:pass@host/repo:tag"). Credentials come from Options (a password never travels in a
+// reference, which ends up in errors and logs); the error quotes the reference without them.
+var ErrCredentialsInReference = errors.New("reference holds credentials")
+
+// MaxReferenceBytes bounds a registry reference, in bytes: the distribution registry's names
+// are at most 255 bytes, a tag 128 and a digest about 100.
+const MaxReferenceBytes = 1024
+
+// parseRef parses ref. Its errors quote ref cut and without user information (quote.Ref), never
+// oras-go's parse error when ref holds any: that would quote it whole.
+func parseRef(ref string) (orasreg.Reference, error) {
 	if strings.HasPrefix(ref, "oci://") {
-		return nil, fmt.Errorf("reference %q: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", ref, errdefs.ErrInvalidArgument)
+		return orasreg.Reference{}, fmt.Errorf("reference %s: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", quote.Ref(ref), errdefs.ErrInvalidArgument)
+	}
+	if len(ref) > MaxReferenceBytes {
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: longer than %d bytes", quote.Ref(ref), errdef.ErrInvalidReference, MaxReferenceBytes)
+	}
+	if quote.StripCredentials(ref) != ref {
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: credentials come from a Docker config.json or a user name and password given apart, never from the reference", quote.Ref(ref), ErrCredentialsInReference)
 	}
 	r, err := orasreg.ParseReference(ref)
 	if err != nil {
-		return nil, fmt.Errorf("reference %q: %w", ref, err)
+		if len(ref) > quote.MaxBytes { // oras-go's error quotes it whole
+			return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), errdef.ErrInvalidReference)
+		}
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), err)
+	}
+	return r, nil
+}
+
+// newTarget parses ref ("host[:port]/repository[:tag|@digest]") and sets up its client.
+func newTarget(ref string, o Options) (*target, error) {
+	r, err := parseRef(ref)
+	if err != nil {
+		return nil, err
 	}
 	repo, err := remote.NewRepository(r.String())
 	if err != nil {
-		return nil, fmt.Errorf("reference %q: %w", ref, err)
+		return nil, fmt.Errorf("reference %s: %w", quote.Ref(ref), err)
 	}
 	repo.Reference = r
 	repo.PlainHTTP = o.PlainHTTP
@@ -229,3 +281,12 @@ func (r reader) Read(b []byte) (int, error) {
 	r.p.add(int64(n))
 	return n, err
 }
+
+// QuoteRef returns ref quoted for an error message or a log: without the user and password a
+// user may have written into it ("user:pass@host/repo:tag" reads "<redacted>@host/repo:tag"),
+// and cut to a sane length.
+func QuoteRef(ref string) string { return quote.Ref(ref) }
+
+// RedactRef returns ref without the user information a user may have written into it, for
+// display (a progress bar); QuoteRef is for errors.
+func RedactRef(ref string) string { return quote.StripCredentials(ref) }

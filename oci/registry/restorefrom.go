@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	orasreg "oras.land/oras-go/v2/registry"
-
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // RestoreFromScheme prefixes a registry reference in the berth.dev/restore-from annotation:
@@ -70,28 +69,28 @@ func ParseRestoreFrom(v string) (RestoreFrom, error) {
 	rest, ok := strings.CutPrefix(v, RestoreFromScheme)
 	if !ok {
 		if scheme, _, found := strings.Cut(v, "://"); found && !strings.Contains(scheme, "/") {
-			return RestoreFrom{}, fmt.Errorf("%w: %q: scheme %q is not supported (a registry reference is %sHOST[:PORT]/REPOSITORY:TAG; anything else is a path under the checkpoint root)",
-				checkpoint.ErrInvalidRef, v, scheme+"://", RestoreFromScheme)
+			return RestoreFrom{}, fmt.Errorf("%w: %s: scheme %s is not supported (a registry reference is %sHOST[:PORT]/REPOSITORY:TAG; anything else is a path under the checkpoint root)",
+				checkpoint.ErrInvalidRef, quote.Ref(v), quote.Value(scheme+"://"), RestoreFromScheme)
 		}
 		return RestoreFrom{Path: v}, nil
 	}
 	for _, c := range rest {
 		if c <= ' ' || c == 0x7f {
-			return RestoreFrom{}, fmt.Errorf("%w: %q: control character or space in a registry reference", checkpoint.ErrInvalidRef, v)
+			return RestoreFrom{}, fmt.Errorf("%w: %s: control character or space in a registry reference", checkpoint.ErrInvalidRef, quote.Ref(v))
 		}
 	}
-	r, err := orasreg.ParseReference(rest)
+	r, err := parseRef(rest)
 	if err != nil {
-		return RestoreFrom{}, fmt.Errorf("%w: %q: %w", checkpoint.ErrInvalidRef, v, err)
+		return RestoreFrom{}, fmt.Errorf("%w: %w", checkpoint.ErrInvalidRef, err)
 	}
 	if r.Registry == "" || r.Repository == "" || r.Reference == "" {
-		return RestoreFrom{}, fmt.Errorf("%w: %q: want %sHOST[:PORT]/REPOSITORY:TAG or ...@sha256:HEX (a tag or digest is required)",
-			checkpoint.ErrInvalidRef, v, RestoreFromScheme)
+		return RestoreFrom{}, fmt.Errorf("%w: %s: want %sHOST[:PORT]/REPOSITORY:TAG or ...@sha256:HEX (a tag or digest is required)",
+			checkpoint.ErrInvalidRef, quote.Ref(v), RestoreFromScheme)
 	}
 	out := RestoreFrom{Registry: r.Registry, Repository: r.Repository}
 	if d, err := r.Digest(); err == nil {
 		if d.Algorithm() != "sha256" {
-			return RestoreFrom{}, fmt.Errorf("%w: %q: digest algorithm %q (want sha256)", checkpoint.ErrInvalidRef, v, d.Algorithm())
+			return RestoreFrom{}, fmt.Errorf("%w: %s: digest algorithm %s (want sha256)", checkpoint.ErrInvalidRef, quote.Ref(v), quote.Value(string(d.Algorithm())))
 		}
 		out.Digest = d.String()
 	} else {

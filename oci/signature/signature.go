@@ -21,7 +21,9 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -68,9 +70,10 @@ type Key struct {
 	// ID is the key's SHA-256 fingerprint in OpenSSH's form ("SHA256:<base64>").
 	ID string
 	// Path is the file the key was read from ("" when parsed from bytes).
-	Path string
-	sv   dsse.SignerVerifier
-	priv bool
+	Path   string
+	sv     dsse.SignerVerifier
+	priv   bool
+	signer crypto.Signer // the private key, for signatures in other formats (Signer)
 }
 
 // keyIDVerifier gives a go-securesystemslib signer/verifier berth's key id.
@@ -106,7 +109,46 @@ func ParseKey(pemBytes []byte, name string) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key %s: %w: %w", name, ErrBadKey, err)
 	}
-	return &Key{ID: id, sv: keyIDVerifier{sv, id}, priv: sk.KeyVal.Private != ""}, nil
+	k := &Key{ID: id, sv: keyIDVerifier{sv, id}, priv: sk.KeyVal.Private != ""}
+	if k.priv {
+		if k.signer, err = parsePrivateKey(pemBytes); err != nil {
+			return nil, fmt.Errorf("key %s: %w: %w", name, ErrBadKey, err)
+		}
+	}
+	return k, nil
+}
+
+// parsePrivateKey returns the private key of the first PEM block that holds one (PKCS#8, SEC 1
+// or PKCS#1), with the standard library's parsers.
+func parsePrivateKey(pemBytes []byte) (crypto.Signer, error) {
+	for rest := pemBytes; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return nil, errors.New("no private key PEM block")
+		}
+		var (
+			k   any
+			err error
+		)
+		switch b.Type {
+		case "PRIVATE KEY":
+			k, err = x509.ParsePKCS8PrivateKey(b.Bytes)
+		case "EC PRIVATE KEY":
+			k, err = x509.ParseECPrivateKey(b.Bytes)
+		case "RSA PRIVATE KEY":
+			k, err = x509.ParsePKCS1PrivateKey(b.Bytes)
+		default:
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		s, ok := k.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("private key of type %T cannot sign", k)
+		}
+		return s, nil
+	}
 }
 
 // KeyID returns pub's SHA-256 fingerprint in OpenSSH's form ("SHA256:<base64>").
@@ -146,6 +188,14 @@ func LoadKey(path string) (*Key, error) {
 
 // Private reports whether k can sign.
 func (k *Key) Private() bool { return k.priv }
+
+// Signer returns k's private key as a crypto.Signer (an *ecdsa.PrivateKey, ed25519.PrivateKey or
+// *rsa.PrivateKey), for signatures in formats other than DSSE (a cosign signature of a pushed
+// checkpoint, package oci/registry); nil for a public key.
+func (k *Key) Signer() crypto.Signer { return k.signer }
+
+// Public returns k's public key.
+func (k *Key) Public() crypto.PublicKey { return k.sv.Public() }
 
 // PublicPEM returns k's public key as a PEM "PUBLIC KEY" block (PKIX), the file to distribute to
 // the nodes that trust it.

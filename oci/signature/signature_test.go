@@ -2,6 +2,11 @@ package signature_test
 
 import (
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -276,5 +281,43 @@ func TestPolicyWithoutSignerSignsNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d, signature.File)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("berth.sig written without a signing key: %v", err)
+	}
+}
+
+// TestSigner: a private key's Signer signs what its Public key verifies (stdlib crypto); a
+// public key has no Signer.
+func TestSigner(t *testing.T) {
+	for _, name := range []string{"node1", "node2"} {
+		priv, err := signature.LoadKey(privateCopy(t, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := signature.LoadKey(abs(t, name+".pub"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pub.Signer() != nil {
+			t.Errorf("%s.pub has a Signer", name)
+		}
+		s := priv.Signer()
+		if s == nil {
+			t.Fatalf("%s.key has no Signer", name)
+		}
+		msg := []byte("berth")
+		switch k := pub.Public().(type) {
+		case *ecdsa.PublicKey:
+			h := sha256.Sum256(msg)
+			sig, err := s.Sign(rand.Reader, h[:], crypto.SHA256)
+			if err != nil || !ecdsa.VerifyASN1(k, h[:], sig) {
+				t.Errorf("%s: ECDSA signature does not verify: %v", name, err)
+			}
+		case ed25519.PublicKey:
+			sig, err := s.Sign(rand.Reader, msg, crypto.Hash(0))
+			if err != nil || !ed25519.Verify(k, msg, sig) {
+				t.Errorf("%s: Ed25519 signature does not verify: %v", name, err)
+			}
+		default:
+			t.Errorf("%s: public key of type %T", name, k)
+		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // The receiver's first line on a connection is one of:
@@ -62,7 +64,7 @@ func Handshake(conn net.Conn) (Greeted, error) {
 		return Greeted{}, fmt.Errorf("%w: %s ended the TLS session: %w (is this node's certificate issued by the receiver's CA, with the \"client auth\" usage?)",
 			ErrRefused, conn.RemoteAddr(), err)
 	case err != nil && len(line) > 0:
-		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %q, then: %v)", ErrProtocol, conn.RemoteAddr(), line, err)
+		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %s, then: %v)", ErrProtocol, conn.RemoteAddr(), quote.Value(line), err)
 	case err != nil:
 		return Greeted{}, fmt.Errorf("%w: no berth receiver greeting from %s within %v: %w (a receiver that requires TLS waits for a TLS handshake)",
 			ErrProtocol, conn.RemoteAddr(), HandshakeTimeout, err)
@@ -73,9 +75,9 @@ func Handshake(conn net.Conn) (Greeted, error) {
 	case strings.HasPrefix(line, refusedPrefix):
 		return Greeted{}, fmt.Errorf("%w: %s: %s", ErrRefused, conn.RemoteAddr(), strings.TrimSuffix(line[len(refusedPrefix):], "\n"))
 	case strings.HasPrefix(line, "berth-transfer/"):
-		return Greeted{}, fmt.Errorf("%w: %s is a berth receiver of another protocol version (it sent %q, want %q)", ErrProtocol, conn.RemoteAddr(), line, Greeting)
+		return Greeted{}, fmt.Errorf("%w: %s is a berth receiver of another protocol version (it sent %s, want %q)", ErrProtocol, conn.RemoteAddr(), quote.Value(line), Greeting)
 	default:
-		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %q)", ErrProtocol, conn.RemoteAddr(), line)
+		return Greeted{}, fmt.Errorf("%w: %s is not a berth receiver (it sent %s)", ErrProtocol, conn.RemoteAddr(), quote.Value(line))
 	}
 }
 

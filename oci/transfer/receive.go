@@ -23,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/fsutil"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 const (
@@ -463,7 +464,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	if err := ctx.Err(); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w: not verified within TransferTimeout %v: %w", name, ErrDeadline, transferTimeout, err)
 	}
-	if err := renameNoReplace(staging, final); err != nil {
+	if err := fsutil.RenameNoReplace(staging, final); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return "", drained, fmt.Errorf("receive %s: %w: %s", name, ErrExists, final)
 		}
@@ -584,7 +585,7 @@ func readHeader(br *bufio.Reader) (header, error) {
 		return header{}, fmt.Errorf("%w: header: %w", ErrProtocol, err)
 	}
 	if h.Magic != Magic {
-		return header{}, fmt.Errorf("%w: magic %q, want %q", ErrProtocol, h.Magic, Magic)
+		return header{}, fmt.Errorf("%w: magic %s, want %q", ErrProtocol, quote.Value(h.Magic), Magic)
 	}
 	return h, nil
 }

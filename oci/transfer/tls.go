@@ -273,10 +273,9 @@ func Dial(ctx context.Context, addr string, cfg *tls.Config) (Greeted, error) {
 	g, err := Handshake(conn)
 	if err != nil {
 		_ = conn.Close()
-		if addr != conn.RemoteAddr().String() { // Handshake named the peer's IP address
-			err = fmt.Errorf("receiver %s: %w", addr, err)
-		}
-		return Greeted{}, err
+		// Handshake names the peer's address; name the receiver as it was given, as every
+		// other error here does
+		return Greeted{}, fmt.Errorf("receiver %s: %w", addr, err)
 	}
 	return g, nil
 }

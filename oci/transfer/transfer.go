@@ -25,8 +25,9 @@
 //
 // The receiver only ever writes verified checkpoints: it extracts into a staging directory,
 // checks the berth.json it received against the header's and every file against the manifest
-// (checkpoint.Verify), and only then renames the staging directory into place. It never restores
-// anything.
+// (checkpoint.Verify), calls the Verify hook (berthctl wires the node's trust policy there: the
+// berth.sig beside berth.json must be a trusted key's signature of it), and only then renames
+// the staging directory into place. It never restores anything.
 //
 // Between nodes the protocol runs over mutual TLS (TLS 1.3): both ends present a
 // certificate of the cluster's CA (TLSFiles, ServerTLS, ClientTLS) and Listen and Dial refuse
@@ -42,6 +43,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Magic identifies the protocol and its version, in the greeting and in the header line.
@@ -94,16 +97,16 @@ func ValidName(name string) error {
 	case name == "":
 		return fmt.Errorf("%w: empty", ErrInvalidName)
 	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalidName, name, MaxNameLen)
+		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidName, quote.Value(name), MaxNameLen)
 	case name[0] == '.':
-		return fmt.Errorf("%w: %q starts with \".\"", ErrInvalidName, name)
+		return fmt.Errorf("%w: %s starts with \".\"", ErrInvalidName, quote.Value(name))
 	case strings.Contains(name, ".."):
-		return fmt.Errorf("%w: %q contains \"..\"", ErrInvalidName, name)
+		return fmt.Errorf("%w: %s contains \"..\"", ErrInvalidName, quote.Value(name))
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%w: %q contains %q (allowed: A-Z a-z 0-9 . _ -)", ErrInvalidName, name, c)
+			return fmt.Errorf("%w: %s contains %q (allowed: A-Z a-z 0-9 . _ -)", ErrInvalidName, quote.Value(name), c)
 		}
 	}
 	return nil

@@ -28,55 +28,126 @@ node's fingerprint.`,
 	}
 }
 
-// CheckpointInspect is `berthctl checkpoint inspect`.
-func CheckpointInspect() *cobra.Command {
+// CheckpointInspect is `berthctl checkpoint inspect`; --verify checks the signature with the
+// trust policy of g's --config.
+func CheckpointInspect(g *Globals) *cobra.Command {
 	var (
 		verify bool
+		trust  *trustFlags
 		output *format
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect [--verify] [-o text|json] DIR",
 		Short: "Show a checkpoint's manifest: container, fingerprint, CRIU statistics, sizes, phases",
-		Args:  cobra.ExactArgs(1),
+		Long: `inspect prints the checkpoint's berth.json. With --verify it first checks every file's size and
+digest and that berth.sig is the signature of a key this node trusts (signing_key and
+trusted_keys of --config, --trusted-key), and names the key.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := checkpoint.ReadManifest(args[0])
 			if err != nil {
 				return err
 			}
+			signedBy := ""
 			if verify {
 				if err := checkpoint.Verify(args[0], m); err != nil {
+					return err
+				}
+				policy, err := trust.policy(g)
+				if err != nil {
+					return err
+				}
+				if signedBy, err = verifyCheckpoint(cmd.Context(), policy, args[0], cmd.ErrOrStderr()); err != nil {
 					return err
 				}
 			}
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), m)
 			}
-			printManifest(cmd.OutOrStdout(), m, verify)
+			if verify && signedBy == "" {
+				signedBy = "unsigned or untrusted (accepted only because allow_unsigned is set)"
+			}
+			printManifest(cmd.OutOrStdout(), m, verify, signedBy)
 			return nil
 		},
 	}
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
-	cmd.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest")
+	cmd.Flags().BoolVar(&verify, "verify", false, "check every file's size and digest, and the signature")
+	trust = addTrustFlags(cmd.Flags(), false, true)
 	return cmd
 }
 
-// CheckpointCreate is `berthctl checkpoint create`, on the containerd of g.
+// CheckpointSign is `berthctl checkpoint sign`, with the key of g's --config.
+func CheckpointSign(g *Globals) *cobra.Command {
+	var trust *trustFlags
+	cmd := &cobra.Command{
+		Use:   "sign [--signing-key KEY] DIR",
+		Short: "Sign a checkpoint directory with this node's key, after checking every file against its berth.json",
+		Long: `sign checks every file of the checkpoint directory DIR against its berth.json, then signs berth.json
+with this node's key (signing_key of --config, or --signing-key), replacing berth.sig. berthctl
+signs what it writes itself (checkpoint create, migrate, push of a CRI archive): sign is for a
+checkpoint this node vouches for that was written unsigned. Whoever signs vouches for every byte:
+sign only what this node produced or checked.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := args[0]
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			if policy.Signer == nil {
+				return fmt.Errorf("%w: set signing_key in %s (--config) or give --signing-key", errNoSigningKey, g.Config)
+			}
+			if checkpoint.IsCRICheckpoint(dir) {
+				return fmt.Errorf("%s is a CRI checkpoint without a top-level %s: push its archive with 'berthctl checkpoint push', which signs it whole", dir, checkpoint.ManifestFile)
+			}
+			m, err := checkpoint.ReadManifest(dir)
+			if err != nil {
+				return err
+			}
+			if err := checkpoint.Verify(dir, m); err != nil {
+				return err
+			}
+			id, err := policy.Sign(cmd.Context(), dir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "signed %s with %s\n", dir, id)
+			return nil
+		},
+	}
+	trust = addTrustFlags(cmd.Flags(), true, false)
+	return cmd
+}
+
+// CheckpointCreate is `berthctl checkpoint create`, on the containerd of g, signed with the key
+// of g's --config.
 func CheckpointCreate(g *Globals) *cobra.Command {
 	var (
 		exit   bool
+		trust  *trustFlags
 		output *format
 	)
 	cmd := &cobra.Command{
 		Use:   "create [-a SOCKET] [-n NS] [--exit] [-o text|json] CONTAINER DIR",
 		Short: "Checkpoint a running container (berth runtime) into a new checkpoint directory",
 		Long: `create pauses the task, has berth's shim dump it with CRIU into DIR/checkpoint, saves the
-writable layer's changes, the spec and the manifest, and then resumes the task (leave-running) or,
-with --exit, lets CRIU end it. It prints the manifest (-o json: as JSON). Send DIR with
-'berthctl send' and restore it with 'berthctl restore'.`,
+writable layer's changes, the spec and the manifest, signs the manifest with this node's key
+(signing_key of --config, or --signing-key: berth.sig), and then resumes the task
+(leave-running) or, with --exit, lets CRIU end it. Every file is mode 0600, every directory 0700.
+It prints the manifest (-o json: as JSON). Send DIR with 'berthctl send' and restore it with
+'berthctl restore'.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, err := g.namespace()
 			if err != nil {
+				return err
+			}
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			if err := checkSigner(policy, g, "the checkpoint", cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			c, err := connect(cmd.Context(), g.addressFlag(), "source", g.Address)
@@ -84,7 +155,7 @@ with --exit, lets CRIU end it. It prints the manifest (-o json: as JSON). Send D
 				return err
 			}
 			defer c.Close()
-			src, err := move.Checkpoint(cmd.Context(), c, move.CheckpointOptions{Namespace: ns, ID: args[0], Dir: args[1], Exit: exit})
+			src, err := move.Checkpoint(cmd.Context(), c, move.CheckpointOptions{Namespace: ns, ID: args[0], Dir: args[1], Exit: exit, Sign: policy.Sign})
 			if err != nil {
 				return err
 			}
@@ -94,16 +165,23 @@ with --exit, lets CRIU end it. It prints the manifest (-o json: as JSON). Send D
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), src.Manifest)
 			}
-			printManifest(cmd.OutOrStdout(), src.Manifest, false)
+			signed := src.SignedBy
+			if signed == "" {
+				signed = "unsigned (allow_unsigned)"
+			}
+			printManifest(cmd.OutOrStdout(), src.Manifest, false, signed)
 			return nil
 		},
 	}
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	cmd.Flags().BoolVar(&exit, "exit", false, "end the task after the checkpoint instead of resuming it")
+	trust = addTrustFlags(cmd.Flags(), true, false)
 	return cmd
 }
 
-func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool) {
+// printManifest writes m as a table; verified says the digests were checked, signedBy (when set)
+// who signed it.
+func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool, signedBy string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "container\t%s (namespace %s, runtime %s)\n", m.Container.ID, m.Container.Namespace, m.Container.Runtime)
@@ -112,6 +190,9 @@ func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool) {
 	fmt.Fprintf(tw, "size\t%s in %d files\n", humanBytes(m.ImageSize), len(m.Files))
 	if verified {
 		fmt.Fprintf(tw, "digests\tverified\n")
+	}
+	if signedBy != "" {
+		fmt.Fprintf(tw, "signed by\t%s\n", signedBy)
 	}
 	fp := m.Fingerprint
 	fmt.Fprintf(tw, "fingerprint\tkernel %s, CRIU %s, runc %s, containerd %s, %s %s, %d CPU flags, %d GPUs\n",

@@ -60,7 +60,7 @@ func TestMigrateResult(t *testing.T) {
 	buf.Reset()
 	r.writeText(&buf)
 	text := buf.String()
-	for _, s := range []string{"migrated infer -> /dst.sock as infer-moved (3.0 MiB sent, checkpoint infer-ck)", "checkpoint/shim/criu-dump", "total"} {
+	for _, s := range []string{"migrated infer -> /dst.sock as infer-moved (3.0 MiB sent, checkpoint infer-ck, unsigned)", "checkpoint/shim/criu-dump", "total"} {
 		if !strings.Contains(text, s) {
 			t.Errorf("text lacks %q:\n%s", s, text)
 		}
@@ -103,8 +103,9 @@ func TestSendReceiveJSON(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	root := t.TempDir()
+	tr := newTrust(t)
 	pr, pw := io.Pipe()
-	rcv := Receive()
+	rcv := Receive(tr.g)
 	rcv.SetOut(pw)
 	rcv.SetErr(io.Discard)
 	rcv.SetArgs([]string{"--listen", "127.0.0.1:0", "--root", root, "-o", "json"})
@@ -128,6 +129,7 @@ func TestSendReceiveJSON(t *testing.T) {
 	}
 
 	dir := checkpointDir(t, checkpointFingerprint())
+	tr.sign(t, dir)
 	send := Send()
 	var out bytes.Buffer
 	send.SetOut(&out)
@@ -191,7 +193,7 @@ func TestFlagErrors(t *testing.T) {
 		{"plan negative gpus", Plan, []string{"--topology", topo, "--gpus", "-1"}, "--gpus -1"},
 		{"plan policy", Plan, []string{"--topology", topo, "--policy", "tight"}, "--policy"},
 		{"fake gpu", Fingerprint, []string{"--gpu", "fake", "--fake-gpu-root", none}, "--gpu fake"},
-		{"output format", CheckpointInspect, []string{"-o", "yaml", none}, `"yaml" for "-o, --output"`},
+		{"output format", func() *cobra.Command { return CheckpointInspect(&Globals{}) }, []string{"-o", "yaml", none}, `"yaml" for "-o, --output"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.cmd()

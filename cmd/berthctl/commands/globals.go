@@ -28,17 +28,24 @@ const (
 type Globals struct {
 	// Address is containerd's socket path; Namespace the containerd namespace.
 	Address, Namespace string
-	// fromEnv records which of the two came from the environment, for error messages.
-	addressFromEnv, namespaceFromEnv bool
-	flags                            *pflag.FlagSet
+	// Config is the node's configuration file (the shim's): the trust keys and checkpoint_root.
+	Config string
+	// fromEnv records which of them came from the environment, for error messages.
+	addressFromEnv, namespaceFromEnv, configFromEnv bool
+	flags                                           *pflag.FlagSet
 }
 
-// AddFlags registers -a/--address and -n/--namespace on fs (the root's persistent flags). Their
-// defaults are $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, read with getenv, when set.
+// AddFlags registers -a/--address, -n/--namespace and --config on fs (the root's persistent
+// flags). Their defaults are $CONTAINERD_ADDRESS, $CONTAINERD_NAMESPACE and $BERTH_SHIM_CONFIG,
+// read with getenv, when set.
 func (g *Globals) AddFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	g.flags = fs
-	addr, ns := getenv(EnvAddress), getenv(EnvNamespace)
-	g.addressFromEnv, g.namespaceFromEnv = addr != "", ns != ""
+	addr, ns, cfg := getenv(EnvAddress), getenv(EnvNamespace), getenv(EnvConfig)
+	g.addressFromEnv, g.namespaceFromEnv, g.configFromEnv = addr != "", ns != "", cfg != ""
+	if cfg == "" {
+		cfg = DefaultConfig
+	}
+	fs.StringVar(&g.Config, "config", cfg, "the node's berth configuration (the shim's TOML): signing key, trusted keys, checkpoint root ($"+EnvConfig+")")
 	if addr == "" {
 		addr = DefaultAddress
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,10 +23,12 @@ func Migrate(g *Globals) *cobra.Command {
 	var (
 		from, to, receiver, root, newID, workDir, name, logPath string
 		leaveRunning, keep                                      bool
+		tf                                                      *tlsFlags
+		trust                                                   *trustFlags
 		output                                                  *format
 	)
 	cmd := &cobra.Command{
-		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT] [-o text|json] CONTAINER",
+		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]] [-o text|json] CONTAINER",
 		Short: "Move a running container to another containerd node: checkpoint, send, verify, restore, stop the source",
 		Long: `migrate checkpoints CONTAINER on the source containerd (--from, default the global -a/--address;
 paused while it is dumped and moved), sends the checkpoint over a socket to a receiver that
@@ -35,7 +36,11 @@ verifies it into the destination's checkpoint root, restores it there with the b
 --id (default the same id), and only then stops the source (--leave-running keeps it). Without
 --receiver, a receiver is started in this process on 127.0.0.1, writing into --root (the
 destination shim's checkpoint_root). With --receiver HOST:PORT, a 'berthctl receive' already
-running on the destination host is used: the same path across a network.
+running on the destination host is used: the same path across a network, over mutual TLS
+(--tls-ca, --tls-cert, --tls-key) to anything but loopback.
+The checkpoint is signed with this node's key (signing_key of --config, or --signing-key) before
+it leaves, and the receiver, in this process too, keeps it only when a key it trusts signed it;
+the destination's shim checks the signature again before it restores.
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
@@ -63,6 +68,22 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			if newID == "" {
 				newID = id
 			}
+			if receiver == "" && tf.files.Enabled() {
+				return fmt.Errorf("%s apply to --receiver: the receiver in this process listens on loopback", transfer.TLSFlags)
+			}
+			// the keys first: a move that would be refused costs no pause
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			if err := checkSigner(policy, g, "the checkpoint", cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			if receiver == "" {
+				if root, err = g.checkpointRoot(cmd.Flags(), root); err != nil {
+					return err
+				}
+			}
 			src, err := connect(ctx, fromFlag, "source", from)
 			if err != nil {
 				return err
@@ -87,7 +108,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			}
 			addr := receiver
 			if addr == "" {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				ln, err := transfer.Listen("127.0.0.1:0", nil)
 				if err != nil {
 					return err
 				}
@@ -95,27 +116,27 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 				// The in-process receiver does not fsync: a migration restores the checkpoint at
 				// once, and if anything fails the source is resumed, so the copy never has to
 				// outlive a crash. A standalone `berthctl receive` keeps checkpoints durably.
-				rcv := &transfer.Receiver{Root: root, NoSync: true}
+				rcv := &transfer.Receiver{Root: root, NoSync: true, Verify: func(ctx context.Context, dir string) error {
+					_, err := verifyCheckpoint(ctx, policy, dir, cmd.ErrOrStderr())
+					return err
+				}}
 				go rcv.Serve(ctx, ln) //nolint:errcheck // ends with ln.Close
 				addr = ln.Addr().String()
 			}
-			// dial the receiver before the source is paused: an unreachable destination costs nothing
-			raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			// dial the receiver before the source is paused: an unreachable, busy or wrong
+			// destination costs nothing
+			conn, err := dialReceiver(ctx, addr, tf)
 			if err != nil {
-				return fmt.Errorf("dial receiver %s: %w", addr, err)
+				return err
 			}
-			defer raw.Close()
-			conn, err := transfer.Handshake(raw) // a wrong or stalled peer is found before the pause
-			if err != nil {
-				return fmt.Errorf("receiver %s: %w", addr, err)
-			}
+			defer conn.Close()
 			send := func(ctx context.Context, dir, name string) (int64, error) {
 				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name)
 			}
 			res, err := move.Migrate(ctx, move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
-				Send:         send,
+				Send: send, Sign: policy.Sign,
 				LeaveRunning: leaveRunning, LogPath: logPath,
 			})
 			if err != nil {
@@ -123,6 +144,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			}
 			r := newMigrateResult(res)
 			r.Container, r.ID, r.Namespace, r.From, r.To, r.Receiver, r.Checkpoint = id, newID, ns, from, to, addr, name
+			r.SignedBy = res.SignedBy
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), r)
 			}
@@ -135,7 +157,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&to, "to", "", "destination containerd socket (required)")
 	f.StringVar(&newID, "id", "", "id of the new container on the destination (default: CONTAINER)")
 	deprecatedAlias(f, &newID, "target-id", "id")
-	f.StringVar(&root, "root", checkpoint.DefaultRoot, "destination checkpoint root (the shim's checkpoint_root), for the in-process receiver")
+	f.StringVar(&root, "root", "", "destination checkpoint root, for the in-process receiver (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	deprecatedAlias(f, &root, "to-root", "root")
 	f.StringVar(&receiver, "receiver", "", "HOST:PORT of a 'berthctl receive' on the destination (default: one in this process)")
 	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate)")
@@ -143,6 +165,8 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
+	tf = addTLSFlags(f)
+	trust = addTrustFlags(f, true, true)
 	output = addFormat(f, formatText, formatJSON)
 	return cmd
 }
@@ -158,8 +182,10 @@ type migrateResult struct {
 	From     string `json:"from"`
 	To       string `json:"to"`
 	Receiver string `json:"receiver"`
-	// Checkpoint is the checkpoint's name in the destination's checkpoint root.
+	// Checkpoint is the checkpoint's name in the destination's checkpoint root; SignedBy the id
+	// of the key that signed it ("" when unsigned, under allow_unsigned).
 	Checkpoint string `json:"checkpoint"`
+	SignedBy   string `json:"signedBy,omitempty"`
 	// Bytes is what was sent to the destination, in bytes.
 	Bytes int64 `json:"bytes"`
 	// Phases are every measured step, in order: the checkpoint's own as checkpoint/NAME (the
@@ -190,7 +216,11 @@ func newMigrateResult(res *move.MigrateResult) migrateResult {
 }
 
 func (r migrateResult) writeText(w io.Writer) {
-	fmt.Fprintf(w, "migrated %s -> %s as %s (%s sent, checkpoint %s)\n", r.Container, r.To, r.ID, humanBytes(r.Bytes), r.Checkpoint)
+	signed := "unsigned"
+	if r.SignedBy != "" {
+		signed = "signed by " + r.SignedBy
+	}
+	fmt.Fprintf(w, "migrated %s -> %s as %s (%s sent, checkpoint %s, %s)\n", r.Container, r.To, r.ID, humanBytes(r.Bytes), r.Checkpoint, signed)
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, "  %-32s %9.1f ms\n", p.Name, p.Ms)
 	}

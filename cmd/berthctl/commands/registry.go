@@ -2,6 +2,7 @@ package commands
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -113,26 +114,31 @@ type pushResult struct {
 	Ms float64 `json:"ms"`
 }
 
-// CheckpointPush is `berthctl checkpoint push`.
-func CheckpointPush() *cobra.Command {
+// CheckpointPush is `berthctl checkpoint push`, signing with the key of g's --config.
+func CheckpointPush(g *Globals) *cobra.Command {
 	var (
 		rf     registryFlags
+		trust  *trustFlags
 		output *format
 	)
 	cmd := &cobra.Command{
 		Use:   "push [-o text|json] FILE|DIR REF",
 		Short: "Push a checkpoint (directory or archive) to an OCI registry as an artifact",
-		Long: `push verifies the checkpoint against its berth.json, then uploads it to REF
-(HOST[:PORT]/REPOSITORY:TAG) as an OCI artifact: berth.json as the config, one layer per file.
-Files the registry already has are skipped, so pushing again after a failure sends only what is
-missing. It prints the pushed reference with its digest (-o json: as JSON); pull that to get
-exactly these bytes.
+		Long: `push verifies the checkpoint against its berth.json and its signature (berth.sig) against the
+keys this node trusts, then uploads it to REF (HOST[:PORT]/REPOSITORY:TAG) as an OCI artifact:
+berth.json as the config, one layer per file, berth.sig as the last layer. Files the registry
+already has are skipped, so pushing again after a failure sends only what is missing. Once the
+tag is written, the artifact's manifest is signed with this node's key (signing_key of --config,
+or --signing-key) the way cosign signs images (tag sha256-<digest>.sig), so that
+'cosign verify --key node.pub REF' verifies it. It prints the pushed reference with its digest
+(-o json: as JSON); pull that to get exactly these bytes.
 
 A CRI checkpoint archive (kubelet checkpoint API, crictl checkpoint --export) is signed on the way:
 its CRIU images are verified against the shim's checkpoint/berth.json, and a top-level berth.json
-covering every file is written, so a pull verifies the whole checkpoint. A restore pod names the
-pushed checkpoint as berth.dev/restore-from: oci://REF (the node's shim config must list the
-registry in allowed_registries).
+covering every file (spec.dump, config.dump and rootfs-diff.tar included) is written and signed
+with this node's key, so a pull verifies the whole checkpoint. A restore pod names the pushed
+checkpoint as berth.dev/restore-from: oci://REF (the node's shim config must list the registry
+in allowed_registries).
 
 Credentials: --username with the password on stdin (--password-stdin), or a Docker config.json.`,
 		Example: `  berthctl checkpoint push /var/lib/berth/checkpoints/infer-1 127.0.0.1:5000/ckpt/infer:1 --plain-http
@@ -142,7 +148,25 @@ Credentials: --username with the password on stdin (--password-stdin), or a Dock
 			src, ref := args[0], args[1]
 			opts, err := rf.options(cmd.InOrStdin())
 			if err != nil {
-				return fmt.Errorf("push %s to %s: %w", src, ref, err)
+				return fmt.Errorf("push %s to %s: %w", src, registry.QuoteRef(ref), err)
+			}
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			if err := checkSigner(policy, g, "the pushed checkpoint", cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			opts.Verify = func(ctx context.Context, dir string) error {
+				_, err := verifyCheckpoint(ctx, policy, dir, cmd.ErrOrStderr())
+				return err
+			}
+			opts.SignCRI = func(ctx context.Context, dir string) error {
+				_, err := policy.Sign(ctx, dir)
+				return err
+			}
+			if policy.Signer != nil {
+				opts.Signer = policy.Signer.Signer()
 			}
 			progress, finish := bytesBar("pushing " + filepath.Base(filepath.Clean(src)))
 			opts.Progress = progress
@@ -162,6 +186,7 @@ Credentials: --username with the password on stdin (--password-stdin), or a Dock
 	}
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	rf.add(cmd.Flags())
+	trust = addTrustFlags(cmd.Flags(), true, true)
 	return cmd
 }
 
@@ -174,15 +199,20 @@ type pullResult struct {
 	// verified against berth.json.
 	Files int   `json:"files"`
 	Bytes int64 `json:"bytes"`
+	// SignedBy is the id of the key whose signature of berth.json was verified ("" when the
+	// checkpoint was accepted unsigned, under allow_unsigned).
+	SignedBy string `json:"signedBy,omitempty"`
 	// Ms is the pull's wall time in milliseconds, verification included.
 	Ms float64 `json:"ms"`
 }
 
-// CheckpointPull is `berthctl checkpoint pull`.
-func CheckpointPull() *cobra.Command {
+// CheckpointPull is `berthctl checkpoint pull`, admitting what the trust policy of g's --config
+// admits.
+func CheckpointPull(g *Globals) *cobra.Command {
 	var (
-		rf  registryFlags
-		lim = struct {
+		trust *trustFlags
+		rf    registryFlags
+		lim   = struct {
 			total, file int64
 			files       int
 		}{}
@@ -190,21 +220,33 @@ func CheckpointPull() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "pull [-o text|json] REF DIR",
-		Short: "Pull a checkpoint from an OCI registry into a new directory, verifying every digest",
+		Short: "Pull a checkpoint from an OCI registry into a new directory, verifying its signature and every digest",
 		Long: `pull downloads the checkpoint artifact REF (HOST[:PORT]/REPOSITORY:TAG or ...@sha256:...)
-into DIR, which must not exist. The artifact is checked before DIR is created (media types, file
-names, limits, layers against berth.json), every file's digest while it streams, and the result
-against berth.json at the end. On any failure DIR is removed: nothing half-pulled is left.`,
+into DIR, which must not exist. The artifact is checked before anything is written (media types,
+file names, limits, layers against berth.json); berth.sig must be the signature of berth.json by
+a key this node trusts (signing_key and trusted_keys of --config, --trusted-key) before any file
+is fetched; every file's digest is checked while it streams, and the result against berth.json
+at the end. It is pulled into a staging directory beside DIR and renamed to DIR only then: on any
+failure nothing is left, and nothing unverified is ever at DIR.`,
 		Example: `  berthctl checkpoint pull 127.0.0.1:5000/ckpt/infer:1 /var/lib/berth/checkpoints/infer-1 --plain-http`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref, dir := args[0], args[1]
 			opts, err := rf.options(cmd.InOrStdin())
 			if err != nil {
-				return fmt.Errorf("pull %s into %s: %w", ref, dir, err)
+				return fmt.Errorf("pull %s into %s: %w", registry.QuoteRef(ref), dir, err)
+			}
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			var signedBy string
+			opts.Verify = func(ctx context.Context, dir string) (err error) {
+				signedBy, err = verifyCheckpoint(ctx, policy, dir, cmd.ErrOrStderr())
+				return err
 			}
 			opts.Limits.MaxTotalBytes, opts.Limits.MaxFileBytes, opts.Limits.MaxEntries = lim.total, lim.file, lim.files
-			progress, finish := bytesBar("pulling " + ref)
+			progress, finish := bytesBar("pulling " + registry.RedactRef(ref))
 			opts.Progress = progress
 			start := time.Now()
 			err = registry.Pull(cmd.Context(), ref, dir, opts)
@@ -218,10 +260,14 @@ against berth.json at the end. On any failure DIR is removed: nothing half-pulle
 			}
 			wall := time.Since(start)
 			if output.json() {
-				return writeJSON(cmd.OutOrStdout(), pullResult{Reference: ref, Dir: dir, Files: len(m.Files), Bytes: m.ImageSize, Ms: millis(wall)})
+				return writeJSON(cmd.OutOrStdout(), pullResult{Reference: ref, Dir: dir, Files: len(m.Files), Bytes: m.ImageSize, SignedBy: signedBy, Ms: millis(wall)})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "pulled %s into %s (%d files, %s, verified; %.1f s)\n",
-				ref, dir, len(m.Files), humanBytes(m.ImageSize), wall.Seconds())
+			signed := "unsigned, allowed by allow_unsigned"
+			if signedBy != "" {
+				signed = "signed by " + signedBy
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pulled %s into %s (%d files, %s, verified, %s; %.1f s)\n",
+				ref, dir, len(m.Files), humanBytes(m.ImageSize), signed, wall.Seconds())
 			return nil
 		},
 	}
@@ -231,5 +277,6 @@ against berth.json at the end. On any failure DIR is removed: nothing half-pulle
 	f.Int64Var(&lim.total, "max-bytes", 0, "refuse a checkpoint whose files add up to more bytes (0: 1 TiB)")
 	f.Int64Var(&lim.file, "max-file-bytes", 0, "refuse a checkpoint with a larger file, in bytes (0: 256 GiB)")
 	f.IntVar(&lim.files, "max-files", 0, "refuse a checkpoint with more files (0: 131072)")
+	trust = addTrustFlags(f, false, true)
 	return cmd
 }

@@ -26,8 +26,8 @@ func TestRegistryFlagsCredentials(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// the flags as push and pull see them
-			for _, mk := range []func() *cobra.Command{CheckpointPush, CheckpointPull} {
-				if err := mk().ParseFlags(tc.flags); err != nil && !tc.wantErr {
+			for _, mk := range []func(*Globals) *cobra.Command{CheckpointPush, CheckpointPull} {
+				if err := mk(&Globals{}).ParseFlags(tc.flags); err != nil && !tc.wantErr {
 					t.Fatal(err)
 				}
 			}

@@ -52,6 +52,9 @@ func Restore(g *Globals) *cobra.Command {
 				return err
 			}
 			dir := args[0]
+			if root, err = g.checkpointRoot(cmd.Flags(), root); err != nil {
+				return err
+			}
 			if !filepath.IsAbs(dir) {
 				dir = filepath.Join(root, dir)
 			}
@@ -71,7 +74,7 @@ func Restore(g *Globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "id", "", "id of the new container (required)")
-	f.StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root (the shim's checkpoint_root)")
+	f.StringVar(&root, "root", "", "checkpoint root (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr")
 	output = addFormat(f, formatText, formatJSON)
 	return cmd

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/transfer"
@@ -29,25 +31,75 @@ type sendResult struct {
 	Ms    float64 `json:"ms"`
 }
 
+// tlsFlags are the mutual-TLS flags of the commands that move checkpoints between nodes: this
+// node's identity in the cluster's transfer PKI (transfer.TLSFiles).
+type tlsFlags struct {
+	files transfer.TLSFiles
+}
+
+func addTLSFlags(fs *pflag.FlagSet) *tlsFlags {
+	t := &tlsFlags{}
+	fs.StringVar(&t.files.CA, "tls-ca", "", "the cluster CA's certificate (PEM; cert-manager's ca.crt): the only issuer a peer's certificate may have")
+	fs.StringVar(&t.files.Cert, "tls-cert", "", "this node's certificate (PEM; tls.crt), for both ends of a transfer")
+	fs.StringVar(&t.files.Key, "tls-key", "", "the private key of --tls-cert (PEM; tls.key)")
+	return t
+}
+
+// server returns the receiving side's TLS configuration, nil when no TLS flag is given.
+func (t *tlsFlags) server() (*tls.Config, error) {
+	if !t.files.Enabled() {
+		return nil, nil
+	}
+	return transfer.ServerTLS(t.files)
+}
+
+// client returns the sending side's TLS configuration, nil when no TLS flag is given.
+func (t *tlsFlags) client() (*tls.Config, error) {
+	if !t.files.Enabled() {
+		return nil, nil
+	}
+	return transfer.ClientTLS(t.files, "")
+}
+
+// dialReceiver connects to the receiver at addr, over TLS when the flags configure it, and
+// waits for its greeting (transfer.Dial: plain TCP only to loopback).
+func dialReceiver(ctx context.Context, addr string, t *tlsFlags) (net.Conn, error) {
+	cfg, err := t.client()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := transfer.Dial(ctx, addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return conn, nil
+}
+
 // Send is `berthctl send`.
 func Send() *cobra.Command {
 	var (
 		name   string
+		tf     *tlsFlags
 		output *format
 	)
 	cmd := &cobra.Command{
-		Use:   "send [--name NAME] [-o text|json] DIR HOST:PORT",
+		Use:   "send [--name NAME] [--tls-ca CA --tls-cert CERT --tls-key KEY] [-o text|json] DIR HOST:PORT",
 		Short: "Send a checkpoint directory to a 'berthctl receive'",
-		Args:  cobra.ExactArgs(2),
+		Long: `send streams the checkpoint directory DIR (berth.json, berth.sig and every file) to the
+'berthctl receive' at HOST:PORT, which verifies the digests and the signature before it keeps it.
+To any address but loopback it goes over mutual TLS only: --tls-ca, --tls-cert and --tls-key name
+this node's certificate in the cluster's transfer PKI (cert-manager's ca.crt, tls.crt, tls.key).
+A receiver with all its slots in use answers busy: nothing is sent; try again later.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, addr := args[0], args[1]
 			if name == "" {
 				name = filepath.Base(filepath.Clean(dir))
 			}
 			start := time.Now()
-			conn, err := (&net.Dialer{}).DialContext(cmd.Context(), "tcp", addr)
+			conn, err := dialReceiver(cmd.Context(), addr, tf)
 			if err != nil {
-				return fmt.Errorf("dial receiver %s: %w", addr, err)
+				return err
 			}
 			defer conn.Close()
 			n, err := sendOn(cmd.Context(), cmd.ErrOrStderr(), conn, dir, name)
@@ -62,11 +114,13 @@ func Send() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "name in the receiver's root (default: the directory's name)")
+	tf = addTLSFlags(cmd.Flags())
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	return cmd
 }
 
-// sendOn streams a checkpoint directory over conn, showing progress (bytes sent) on progress.
+// sendOn streams a checkpoint directory over conn (greeted: transfer.Dial), showing progress
+// (bytes sent) on progress.
 func sendOn(ctx context.Context, progress io.Writer, conn net.Conn, dir, name string) (int64, error) {
 	var bar *progressbar.ProgressBar
 	res, err := transfer.Send(ctx, conn, dir, name, func(sent, total int64) {
@@ -97,26 +151,59 @@ type receiveEvent struct {
 	From    string `json:"from,omitempty"`
 	// Root is the checkpoint root (listening); Path the received checkpoint (received).
 	Root string `json:"root,omitempty"`
+	// TLS reports whether the receiver requires mutual TLS (listening).
+	TLS  bool   `json:"tls,omitempty"`
 	Path string `json:"path,omitempty"`
 	// Error says why a checkpoint was rejected.
 	Error string `json:"error,omitempty"`
 }
 
-// Receive is `berthctl receive`.
-func Receive() *cobra.Command {
+// Receive is `berthctl receive`, keeping what the trust policy of g's --config admits.
+func Receive(g *Globals) *cobra.Command {
 	var (
-		listen, root string
-		output       *format
+		listen, root    string
+		allowed         []string
+		transferTimeout time.Duration
+		tf              *tlsFlags
+		trust           *trustFlags
+		output          *format
 	)
 	cmd := &cobra.Command{
-		Use:   "receive [--root DIR] [--listen ADDR] [-o text|json]",
-		Short: "Receive checkpoints into a checkpoint root; only verified checkpoints are kept, nothing is restored",
+		Use:   "receive [--root DIR] [--listen ADDR] [--tls-ca CA --tls-cert CERT --tls-key KEY [--allowed-peer NAME]...] [-o text|json]",
+		Short: "Receive checkpoints into a checkpoint root; only verified, trusted checkpoints are kept, nothing is restored",
 		Long: `receive listens for 'berthctl send' and 'berthctl migrate --receiver' and writes each checkpoint into
---root once every file's digest matches; it restores nothing. It reports on stderr where it
-listens and each checkpoint received or rejected; -o json reports the same on stdout, one JSON
-object a line ({"event": "listening"|"received"|"rejected", ...}).`,
+--root (default: checkpoint_root of --config) once every file's digest matches its berth.json and
+its berth.sig is the signature of a key the node trusts (signing_key and trusted_keys of --config,
+--trusted-key); anything else is refused before it is renamed into place, and nothing of it is
+left. It restores nothing.
+Off loopback it listens only with mutual TLS (--tls-ca, --tls-cert, --tls-key): senders must
+present a certificate of the same CA, and with --allowed-peer one that names an allowed peer (a
+DNS, IP or URI subject alternative name, or the common name). A peer that does not finish its TLS
+handshake within 3 s loses its slot; a whole transfer is bounded by --transfer-timeout; a
+checkpoint that does not fit the free space (with 1 GiB to spare) is refused before it is written;
+a sender beyond 4 at once is answered busy.
+It reports on stderr where it listens and each checkpoint received or rejected; -o json reports
+the same on stdout, one JSON object a line ({"event": "listening"|"received"|"rejected", ...}).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if root, err = g.checkpointRoot(cmd.Flags(), root); err != nil {
+				return err
+			}
+			policy, err := trust.policy(g)
+			if err != nil {
+				return err
+			}
+			cfg, err := tf.server()
+			if err != nil {
+				return err
+			}
+			if len(allowed) > 0 && cfg == nil {
+				return fmt.Errorf("--allowed-peer names certificates: it needs %s", transfer.TLSFlags)
+			}
+			if transferTimeout < 0 {
+				return fmt.Errorf("--transfer-timeout %s: must not be negative", transferTimeout)
+			}
 			var mu sync.Mutex
 			report := func(e receiveEvent, text string, args ...any) {
 				mu.Lock()
@@ -128,15 +215,20 @@ object a line ({"event": "listening"|"received"|"rejected", ...}).`,
 				}
 				fmt.Fprintf(cmd.ErrOrStderr(), text, args...)
 			}
-			rcv := &transfer.Receiver{Root: root, OnDone: func(remote net.Addr, path string, err error) {
-				if err != nil {
-					report(receiveEvent{Event: "rejected", From: remote.String(), Error: err.Error()}, "rejected a checkpoint from %s: %v\n", remote, err)
-					return
-				}
-				report(receiveEvent{Event: "received", From: remote.String(), Path: path}, "received %s from %s\n", path, remote)
-			}}
+			verify := func(ctx context.Context, dir string) error {
+				_, err := verifyCheckpoint(ctx, policy, dir, &lockedWriter{mu: &mu, w: cmd.ErrOrStderr()})
+				return err
+			}
+			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout,
+				OnDone: func(remote net.Addr, path string, err error) {
+					if err != nil {
+						report(receiveEvent{Event: "rejected", From: remote.String(), Error: err.Error()}, "rejected a checkpoint from %s: %v\n", remote, err)
+						return
+					}
+					report(receiveEvent{Event: "received", From: remote.String(), Path: path}, "received %s from %s\n", path, remote)
+				}}
 			// listen first: a second receiver on a port in use must not touch the first one's staging
-			ln, err := net.Listen("tcp", listen)
+			ln, err := transfer.Listen(listen, cfg)
 			if err != nil {
 				return fmt.Errorf("--listen %s: %w", listen, err)
 			}
@@ -146,16 +238,37 @@ object a line ({"event": "listening"|"received"|"rejected", ...}).`,
 				ln.Close()
 				return fmt.Errorf("--root %s: clean staging directories: %w", root, err)
 			}
-			report(receiveEvent{Event: "listening", Address: ln.Addr().String(), Root: root},
-				"receiving checkpoints on %s into %s\n", ln.Addr(), root)
+			mode := "plain TCP, loopback only"
+			if cfg != nil {
+				mode = "mutual TLS"
+			}
+			report(receiveEvent{Event: "listening", Address: ln.Addr().String(), Root: root, TLS: cfg != nil},
+				"receiving checkpoints on %s (%s) into %s\n", ln.Addr(), mode, root)
 			if err := rcv.Serve(cmd.Context(), ln); err != nil && cmd.Context().Err() == nil {
 				return err
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7650", "address to listen on (loopback unless told otherwise)")
-	cmd.Flags().StringVar(&root, "root", checkpoint.DefaultRoot, "checkpoint root to write into")
-	output = addFormat(cmd.Flags(), formatText, formatJSON)
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:7650", "address to listen on (anything but loopback needs --tls-ca, --tls-cert and --tls-key)")
+	f.StringVar(&root, "root", "", "checkpoint root to write into (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
+	f.StringArrayVar(&allowed, "allowed-peer", nil, "accept only senders whose certificate names this (SAN or CN; repeatable; default: any the CA issued)")
+	f.DurationVar(&transferTimeout, "transfer-timeout", 0, "bound on one whole transfer, handshake to verdict (0: 30m)")
+	tf = addTLSFlags(f)
+	trust = addTrustFlags(f, false, true)
+	output = addFormat(f, formatText, formatJSON)
 	return cmd
+}
+
+// lockedWriter serializes writes to w with the mutex the command's other output holds.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,6 +37,10 @@ type CheckpointOptions struct {
 	// paused when Checkpoint returns, so the caller decides: Resume it (leave-running, or the move
 	// failed) or stop it (the destination restore succeeded).
 	Exit bool
+	// Sign signs the checkpoint directory once its berth.json is written (signature.Policy.Sign:
+	// berth.sig beside it) and returns the key's id; "" with a nil error leaves it unsigned.
+	// nil: unsigned.
+	Sign func(ctx context.Context, dir string) (string, error)
 }
 
 // Source is a checkpointed container on the source node.
@@ -46,6 +51,8 @@ type Source struct {
 	Manifest *checkpoint.Manifest
 	// Dir is the checkpoint directory.
 	Dir string
+	// SignedBy is the id of the key that signed it ("" when unsigned).
+	SignedBy string
 }
 
 // Resume thaws a paused source task (leave-running, or a failed move).
@@ -58,7 +65,8 @@ func (s *Source) Resume(ctx context.Context) error {
 
 // Checkpoint pauses the container's task, has berth's shim dump it with CRIU into Dir/checkpoint
 // (no content store), saves the writable layer's changes as Dir/rootfs-diff.tar, the spec and the
-// container's metadata, and writes Dir/berth.json covering every file. On error the task is
+// container's metadata, writes Dir/berth.json covering every file and signs it (Sign). Every
+// file is left mode 0600 and every directory 0700: they hold the process's memory. On error the task is
 // resumed and Dir removed: the container keeps running exactly as before. Errors: the container
 // or task is missing (errdefs.ErrNotFound), the task is not running (errdefs.ErrFailedPrecondition,
 // naming its status), and the shim's or CRIU's error.
@@ -184,7 +192,17 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if err := checkpoint.WriteManifest(o.Dir, m); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
-	src := &Source{Task: task, Manifest: m, Dir: o.Dir}
+	var signedBy string
+	if o.Sign != nil {
+		if signedBy, err = o.Sign(ctx, o.Dir); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+		}
+	}
+	// CRIU writes its images with its own modes (0644): only root may read process memory
+	if err := restrictModes(o.Dir); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+	}
+	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy}
 	if o.Exit {
 		src.Task = nil
 	}
@@ -223,6 +241,23 @@ func writeRootfsDiff(ctx context.Context, c *containerd.Client, snapshotter, key
 		log.G(ctx).WithError(err).Debug("remove rootfs diff blob")
 	}
 	return nil
+}
+
+// restrictModes sets every regular file under dir to mode 0600 and every directory, dir
+// included, to 0700. Symbolic links are left alone (a checkpoint has none; its digests refuse them).
+func restrictModes(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Chmod(p, 0o700)
+		case d.Type().IsRegular():
+			return os.Chmod(p, 0o600)
+		}
+		return nil
+	})
 }
 
 func writeJSON(path string, v any) error {

@@ -35,12 +35,16 @@ type MigrateOptions struct {
 	LeaveRunning bool
 	// LogPath receives the restored task's output on the destination ("" discards it).
 	LogPath string
+	// Sign signs the checkpoint (CheckpointOptions.Sign).
+	Sign func(ctx context.Context, dir string) (string, error)
 }
 
 // MigrateResult reports a move.
 type MigrateResult struct {
 	// Manifest is the checkpoint's manifest (fingerprint, CRIU statistics, files).
 	Manifest *checkpoint.Manifest
+	// SignedBy is the id of the key that signed the checkpoint ("" when unsigned).
+	SignedBy string
 	// Bytes is what was sent to the destination, in bytes.
 	Bytes int64
 	// Phases are the wall times of checkpoint, transfer, restore and stop-source, in order.
@@ -63,11 +67,11 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		res.Phases = append(res.Phases, checkpoint.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
 		t = time.Now()
 	}
-	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir})
+	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign})
 	if err != nil {
 		return nil, err
 	}
-	res.Manifest = src.Manifest
+	res.Manifest, res.SignedBy = src.Manifest, src.SignedBy
 	phase("checkpoint")
 	defer func() {
 		if retErr != nil {

@@ -1,5 +1,6 @@
 // Package fsutil holds the small file-system helpers berth's checkpoint packages (oci,
-// oci/archive, oci/transfer) share: durable directory updates and buffer-preserving io wrappers.
+// oci/archive, oci/transfer, oci/registry) share: durable directory updates, renames that never
+// replace, and buffer-preserving io wrappers.
 // Nothing here knows about the checkpoint format.
 package fsutil
 

@@ -1,4 +1,4 @@
-package transfer
+package fsutil
 
 import (
 	"errors"
@@ -6,8 +6,8 @@ import (
 	"os"
 )
 
-// renameChecked renames oldpath to newpath after checking that newpath does not exist.
-func renameChecked(oldpath, newpath string) error {
+// RenameChecked renames oldpath to newpath after checking that newpath does not exist.
+func RenameChecked(oldpath, newpath string) error {
 	if _, err := os.Lstat(newpath); err == nil {
 		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: fs.ErrExist}
 	} else if !errors.Is(err, fs.ErrNotExist) {
