@@ -190,8 +190,17 @@ func verifyCheckpoint(ctx context.Context, p *signature.Policy, dir string, warn
 	return v.KeyID, nil
 }
 
-// kubernetesNamespace returns the Kubernetes namespace a checkpoint records, for the keys
-// trusted only for some namespaces: "" while berth manifests do not record one, which admits
-// only keys trusted for every namespace. The shim verifies again at restore, against the
-// namespace of the pod that restores it.
-func kubernetesNamespace(string) string { return "" }
+// kubernetesNamespace returns the Kubernetes namespace the checkpoint in dir records (its
+// berth.json, else the shim's checkpoint/berth.json), for the keys trusted only for some
+// namespaces; "" when it records none or cannot be read, which admits only keys trusted for every
+// namespace. Reading it before the signature is checked is sound: Verify then requires that very
+// berth.json to be what a key trusted for that namespace signed. The shim verifies again at
+// restore, against the namespace of the pod that restores it.
+func kubernetesNamespace(dir string) string {
+	for _, d := range []string{dir, filepath.Join(dir, checkpoint.ImagesDir)} {
+		if m, err := checkpoint.ReadManifest(d); err == nil && m.Container.KubernetesNamespace != "" {
+			return m.Container.KubernetesNamespace
+		}
+	}
+	return ""
+}

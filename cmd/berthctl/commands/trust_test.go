@@ -505,3 +505,54 @@ func TestCheckpointRootFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyCheckpointNamespace: a key trusted only for some Kubernetes namespaces admits a
+// checkpoint at receive or pull time exactly when the signed manifest records one of them (the
+// shim's checkpoint/berth.json when the top-level one records none).
+func TestVerifyCheckpointNamespace(t *testing.T) {
+	signer := newTrust(t)
+	for _, tc := range []struct {
+		name, recorded string
+		inner          bool // record the namespace in checkpoint/berth.json only
+		wantErr        error
+	}{
+		{name: "recorded namespace trusted", recorded: "team-a"},
+		{name: "recorded by the shim only", recorded: "team-a", inner: true},
+		{name: "other namespace", recorded: "team-b", wantErr: signature.ErrUntrustedKey},
+		{name: "none recorded", wantErr: signature.ErrUntrustedKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			images := filepath.Join(dir, checkpoint.ImagesDir)
+			if err := os.MkdirAll(images, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			inner := &checkpoint.Manifest{Version: checkpoint.ManifestVersion}
+			top := &checkpoint.Manifest{Version: checkpoint.ManifestVersion}
+			if tc.inner {
+				inner.Container.KubernetesNamespace = tc.recorded
+			} else {
+				top.Container.KubernetesNamespace = tc.recorded
+			}
+			if err := checkpoint.WriteManifest(images, inner); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if top.Files, top.ImageSize, err = checkpoint.DigestDir(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := checkpoint.WriteManifest(dir, top); err != nil {
+				t.Fatal(err)
+			}
+			signer.sign(t, dir)
+			p, err := signature.LoadPolicy(signature.TrustConfig{TrustedKeys: []signature.TrustedKey{{Path: signer.pub, Namespaces: []string{"team-a"}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = verifyCheckpoint(context.Background(), p, dir, io.Discard)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("verifyCheckpoint = %v, want %v", err, tc.wantErr)
+			}
+		})
+	}
+}
