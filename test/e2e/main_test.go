@@ -54,11 +54,13 @@ func run(m *testing.M) int {
 	go func() {
 		s := <-sigs
 		fmt.Fprintf(os.Stderr, "e2e: %v: stopping the nodes\n", s)
+		stopKube(false)
 		cluster.Stop(context.Background())
 		os.RemoveAll(dir)
 		os.Exit(2)
 	}()
 	code := m.Run()
+	stopKube(code != 0)
 	if os.Getenv("BERTH_E2E_KEEP") == "" || code == 0 {
 		cluster.Stop(ctx)
 	}
