@@ -46,9 +46,10 @@ type KubeNode struct {
 	// Labels are the berth.dev/* labels the node got from FeatureFile.
 	Labels map[string]string
 
-	bridge  string
-	holder  *proc // holds the mount namespace
-	kubelet *proc
+	bridge     string
+	bridgeLock net.Listener // holds the bridge's name (see startNode)
+	holder     *proc        // holds the mount namespace
+	kubelet    *proc
 	// madeCgroups says that CgroupRoot was created (and so is removed) in every hierarchy
 	madeCgroups bool
 }
@@ -145,9 +146,17 @@ func (c *KubeCluster) startNode(ctx context.Context, i int, shimExtra string) (*
 		}
 	}
 
-	// the bridge first: its address is the node IP
-	if out, err := exec.Command("ip", "link", "show", kn.bridge).CombinedOutput(); err == nil {
-		return nil, fmt.Errorf("node %s: bridge %s exists already (another cluster runs, or one left it: ip link del %s): %s", name, kn.bridge, kn.bridge, out)
+	// the bridge first: its address is the node IP. Its name is held, while the cluster lives, by
+	// an abstract unix socket (gone with the process, nothing on disk): a bridge of that name whose
+	// socket is free was left by a run that was killed, and is replaced.
+	l, err := net.Listen("unix", "@berth-kube-"+kn.bridge)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: bridge %s is held by another cluster on this machine: %w", name, kn.bridge, err)
+	}
+	kn.bridgeLock = l
+	if exec.Command("ip", "link", "show", kn.bridge).Run() == nil {
+		fmt.Fprintf(c.log, "kube: node %s: removing bridge %s left by a killed run\n", name, kn.bridge)
+		kn.deleteBridge()
 	}
 	for _, args := range [][]string{
 		{"link", "add", kn.bridge, "type", "bridge"},
@@ -155,8 +164,7 @@ func (c *KubeCluster) startNode(ctx context.Context, i int, shimExtra string) (*
 		{"link", "set", kn.bridge, "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			kn.deleteBridge()
-			return nil, fmt.Errorf("node %s: ip %s: %w: %s", name, strings.Join(args, " "), err, out)
+			return kn, fmt.Errorf("node %s: ip %s: %w: %s", name, strings.Join(args, " "), err, out)
 		}
 	}
 
@@ -321,6 +329,16 @@ func (kn *KubeNode) deleteBridge() {
 	_ = exec.Command("ip", "link", "del", kn.bridge).Run()
 }
 
+// releaseBridge deletes the node's bridge and lets go of its name.
+func (kn *KubeNode) releaseBridge() {
+	if kn.bridgeLock == nil {
+		return
+	}
+	kn.deleteBridge()
+	kn.bridgeLock.Close()
+	kn.bridgeLock = nil
+}
+
 // stop stops the kubelet, removes the pods through CRI (CNI releases their addresses and
 // veths), stops containerd and its shims, ends the mount namespace and removes the cgroups and
 // the bridge.
@@ -341,5 +359,5 @@ func (kn *KubeNode) stop(ctx context.Context) {
 	if err := kn.removeCgroups(); err != nil && kn.Node != nil {
 		fmt.Fprintf(os.Stderr, "kube node %s: %v\n", kn.Name, err)
 	}
-	kn.deleteBridge()
+	kn.releaseBridge()
 }
