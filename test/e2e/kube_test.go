@@ -220,7 +220,7 @@ func checkPinned(t *testing.T, ctx context.Context, n *node.KubeNode, id, what s
 }
 
 // TestKubeInference runs the inference workload as a user would on Kubernetes, through the API
-// server with kubectl: a pod with runtimeClassName berth on kube1, pinned by the berth-nri
+// server with kubectl: nodes labelled by Node Feature Discovery from berthctl labels; a pod with runtimeClassName berth on kube1, pinned by the berth-nri
 // DaemonSet and keeping its seccomp profile and security context; a session streamed; the
 // kubelet checkpoint API (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER) writes an
 // archive in kube1's kubelet checkpoint directory, which checkpointctl reads; the archive copied
@@ -238,9 +238,26 @@ func TestKubeInference(t *testing.T) {
 		t.Logf("cluster: %-70s %6.1f s", tm.Step, tm.Took.Seconds())
 	}
 	src, dst := c.Nodes[0], c.Nodes[1]
+	// Node Feature Discovery labelled every node from the feature file berthctl labels wrote
 	for _, n := range c.Nodes {
+		out, err := c.Kubectl(ctx, "get", "node", n.Name, "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kn corev1.Node
+		if err := json.Unmarshal([]byte(out), &kn); err != nil {
+			t.Fatal(err)
+		}
 		if n.Labels["berth.dev/fingerprint"] == "" {
-			t.Fatalf("node %s has no berth.dev/fingerprint label: %v", n.Name, n.Labels)
+			t.Fatalf("node %s: feature file without berth.dev/fingerprint: %v", n.Name, n.Labels)
+		}
+		for k, v := range n.Labels {
+			if kn.Labels[k] != v {
+				t.Errorf("node %s: label %s=%q, the feature file says %q", n.Name, k, kn.Labels[k], v)
+			}
+		}
+		if !strings.Contains(kn.Annotations["nfd.node.kubernetes.io/feature-labels"], "berth.dev/fingerprint") {
+			t.Errorf("node %s: labels not set by NFD (annotations %v)", n.Name, kn.Annotations)
 		}
 	}
 	const ns = "berth-e2e"

@@ -28,16 +28,16 @@ import (
 const EnvKube = "BERTH_KUBE"
 
 // ErrNoKube is returned by FindKube when the Kubernetes binaries are not installed.
-var ErrNoKube = errors.New("etcd and the Kubernetes binaries not installed (run `make deps-k8s`)")
+var ErrNoKube = errors.New("etcd, Kubernetes and Node Feature Discovery not installed (run `make deps-k8s`)")
 
-// KubeStack is the installed etcd and Kubernetes binaries.
+// KubeStack is the installed etcd, Kubernetes and Node Feature Discovery binaries.
 type KubeStack struct {
 	// Dir is the prefix; Bin = Dir/bin.
 	Dir, Bin string
 }
 
 // kubeTools are the binaries a cluster needs.
-var kubeTools = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
+var kubeTools = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "nfd-master", "nfd-worker"}
 
 // FindKube returns the binaries at $BERTH_KUBE, else at <repo>/_output/kube (linked by
 // test/stack/k8s.sh), or ErrNoKube naming the missing one.
@@ -52,8 +52,14 @@ func FindKube() (KubeStack, error) {
 			return k, fmt.Errorf("%s missing in %s: %w", tool, k.Bin, ErrNoKube)
 		}
 	}
+	if _, err := os.Stat(k.NFDCRDs()); err != nil {
+		return k, fmt.Errorf("the CRDs of Node Feature Discovery: %w: %w", err, ErrNoKube)
+	}
 	return k, nil
 }
+
+// NFDCRDs returns the path of Node Feature Discovery's CustomResourceDefinitions (share/).
+func (k KubeStack) NFDCRDs() string { return filepath.Join(k.Dir, "share", "nfd-api-crds.yaml") }
 
 // Tool returns the path of a binary (bin/NAME).
 func (k KubeStack) Tool(name string) string { return filepath.Join(k.Bin, name) }
@@ -127,8 +133,9 @@ const (
 
 // StartKube builds berth and the images, starts the control plane and o.Nodes nodes, waits until
 // every node is Ready, applies contrib/kubernetes (RuntimeClass berth, the berth-nri DaemonSet on
-// every node, the label writer), waits until berth-nri runs on every node and labels each node
-// from `berthctl labels`. On error everything started is stopped.
+// every node, the label writer), waits until berth-nri runs on every node and has Node Feature
+// Discovery label each node from the feature file `berthctl labels` writes there. On error
+// everything started is stopped.
 func StartKube(ctx context.Context, o KubeOptions) (_ *KubeCluster, retErr error) {
 	if o.Nodes < 1 {
 		return nil, fmt.Errorf("kube cluster: %d nodes", o.Nodes)
@@ -188,10 +195,12 @@ func StartKube(ctx context.Context, o KubeOptions) (_ *KubeCluster, retErr error
 	if err := c.applyContrib(ctx); err != nil {
 		return nil, err
 	}
+	c.step("contrib/kubernetes applied, berth-nri on every node", t0)
+	t0 = time.Now()
 	if err := c.labelNodes(ctx); err != nil {
 		return nil, err
 	}
-	c.step("contrib/kubernetes applied, berth-nri on every node, nodes labelled", t0)
+	c.step("nodes labelled by Node Feature Discovery from berthctl labels", t0)
 	return c, nil
 }
 

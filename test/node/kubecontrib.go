@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -130,33 +128,6 @@ func (c *KubeCluster) waitNRI(ctx context.Context, node string) error {
 		}
 	}
 	return fmt.Errorf("berth-nri on %s did not synchronize in 60s: %s", node, last)
-}
-
-// labelNodes labels every node with its fingerprint: `berthctl labels` on the node (the
-// label writer DaemonSet's command, with the node's runc, containerd and CRIU) writes the node's
-// Node Feature Discovery feature file, and each berth.dev/NAME=VALUE line of it becomes a node
-// label, which is what NFD's worker and master do with it.
-func (c *KubeCluster) labelNodes(ctx context.Context) error {
-	for _, n := range c.Nodes {
-		cmd := exec.CommandContext(ctx, c.Berthctl(), "labels", "--gpu", "none", "--criu", c.Stack.Tool("criu"), "--file", n.FeatureFile)
-		cmd.Env = n.Env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("berthctl labels on %s: %w: %s", n.Name, err, out)
-		}
-		labels, err := readFeatureFile(n.FeatureFile)
-		if err != nil {
-			return err
-		}
-		args := []string{"label", "node", n.Name, "--overwrite"}
-		for _, k := range slices.Sorted(maps.Keys(labels)) {
-			args = append(args, k+"="+labels[k])
-		}
-		if _, err := c.Kubectl(ctx, args...); err != nil {
-			return err
-		}
-		n.Labels = labels
-	}
-	return nil
 }
 
 // readFeatureFile reads an NFD local feature file: NAME=VALUE lines, # comments.

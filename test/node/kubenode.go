@@ -41,9 +41,10 @@ type KubeNode struct {
 	KubeletDir, CheckpointDir string
 	// CgroupRoot is the kubelet's cgroupRoot (one directory in every cgroup hierarchy).
 	CgroupRoot string
-	// FeatureFile is the node's Node Feature Discovery feature file, written by berthctl labels.
+	// FeatureFile is the node's Node Feature Discovery feature file, written by berthctl labels;
+	// NFD's worker reads its directory as /etc/kubernetes/node-feature-discovery/features.d.
 	FeatureFile string
-	// Labels are the berth.dev/* labels the node got from FeatureFile.
+	// Labels are the berth.dev/* labels in FeatureFile, which NFD put on the node.
 	Labels map[string]string
 
 	bridge     string

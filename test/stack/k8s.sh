@@ -7,12 +7,14 @@
 #   etcd, etcdctl                           go.etcd.io/etcd/{server,etcdctl}/v3
 #   kube-apiserver, kube-controller-manager,
 #   kube-scheduler, kubelet, kubectl        k8s.io/kubernetes/cmd/...
+#   nfd-master, nfd-worker (and NFD's CRDs) sigs.k8s.io/node-feature-discovery/cmd/...
 #
 # `go install pkg@version` refuses both: their go.mod files carry replace directives (etcd's point
 # at ../api and friends, Kubernetes' at ./staging/src/k8s.io/*). So each is built from a wrapper
 # module generated under the cache (never in the repository's go.mod): etcd's requires the server
 # and etcdctl modules; Kubernetes' requires k8s.io/kubernetes and replaces every staging module it
-# requires with the published k8s.io/<name> v0.<minor>.<patch>.
+# requires with the published k8s.io/<name> v0.<minor>.<patch>; Node Feature Discovery's takes
+# NFD's own replacements (it pins an older Kubernetes) and the published api/nfd module.
 #
 # Cold build: about 10-15 minutes on 2 cores (the kubelet pays for most shared dependencies);
 # run at a low priority (nice) so that it shares the machine. Environment: BERTH_CACHE as for
@@ -21,6 +23,7 @@ set -euo pipefail
 
 KUBE_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
+NFD_VERSION=v0.18.3
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE=${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}
@@ -127,4 +130,37 @@ EOT
     log "built $b in $((SECONDS - s)) s"
   done
 fi
-log "Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION ready in $PREFIX (linked at _output/kube)"
+# --- Node Feature Discovery (labels nodes from berthctl labels' feature file in the cluster tests);
+# not in the prefix's name: added beside the binaries above, rebuilt when its version changes
+if ! have nfd-master "$NFD_VERSION" -version || ! have nfd-worker "$NFD_VERSION" -version || [ ! -s "$PREFIX/share/nfd-api-crds.yaml" ]; then
+  W=$BUILD/nfd; mkdir -p "$W" "$PREFIX/share"
+  (cd / && go mod download -json "sigs.k8s.io/node-feature-discovery@$NFD_VERSION" >/dev/null)
+  MODDIR=$(go env GOMODCACHE)/sigs.k8s.io/node-feature-discovery@$NFD_VERSION
+  # NFD's own replacements of the Kubernetes staging modules; its ./api/nfd by the published module
+  repl=$(awk '/^replace \(/{r=1; next} r && /^\)/{r=0} r && $1 ~ /^k8s\.io\// && $2 == "=>" {print "\t" $0}' "$MODDIR/go.mod")
+  [ -n "$repl" ] || { echo "k8s.sh: no replacements found in $MODDIR/go.mod" >&2; exit 1; }
+  cat > "$W/go.mod" <<EOT
+module berth.local/kubebuild/nfd
+
+go $(awk '/^go /{print $2; exit}' "$MODDIR/go.mod")
+
+require sigs.k8s.io/node-feature-discovery $NFD_VERSION
+
+replace (
+$repl
+	sigs.k8s.io/node-feature-discovery/api/nfd => sigs.k8s.io/node-feature-discovery/api/nfd $NFD_VERSION
+)
+EOT
+  printf '//go:build tools\n\n// Package tools pins the NFD commands this wrapper module builds.\npackage tools\n\nimport (\n\t_ "sigs.k8s.io/node-feature-discovery/cmd/nfd-master"\n\t_ "sigs.k8s.io/node-feature-discovery/cmd/nfd-worker"\n)\n' > "$W/tools.go"
+  log "Node Feature Discovery $NFD_VERSION: wrapper module in $W"
+  (cd "$W" && go mod tidy)
+  for b in nfd-master nfd-worker; do
+    s=$SECONDS
+    (cd "$W" && "${NICE[@]}" go build -trimpath -ldflags "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$NFD_VERSION" \
+      -o "$PREFIX/bin/$b.new" "sigs.k8s.io/node-feature-discovery/cmd/$b")
+    mv "$PREFIX/bin/$b.new" "$PREFIX/bin/$b"
+    log "built $b in $((SECONDS - s)) s"
+  done
+  install -m 0644 "$MODDIR/deployment/base/nfd-crds/nfd-api-crds.yaml" "$PREFIX/share/nfd-api-crds.yaml"
+fi
+log "Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION and NFD $NFD_VERSION ready in $PREFIX (linked at _output/kube)"
