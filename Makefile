@@ -8,13 +8,20 @@ GOTEST_FLAGS ?= -count=1 -timeout 40m
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all deps build demo test bench vet lint clean gpu-check-bundle
+.PHONY: all deps deps-k8s build demo test bench vet lint clean gpu-check-bundle
 
 all: build
 
 ## deps: install the real stack (containerd, runc, CRIU, crictl, CNI) into a cached prefix
 deps:
 	bash test/stack/install.sh
+
+## deps-k8s: etcd and the Kubernetes binaries (kube-apiserver, kube-controller-manager,
+## kube-scheduler, kubelet, kubectl) built from Go modules into a cached prefix, linked at
+## _output/kube, for the cluster tests; a cold build takes 10-15 minutes on 2 cores, a warm one
+## nothing. make demo does not need it.
+deps-k8s:
+	bash test/stack/k8s.sh
 
 ## build: containerd-shim-berth-v2, berthctl, berth-nri into _output/bin
 build:
@@ -25,7 +32,7 @@ demo: deps build
 	$(GO) run ./test/cmd/berth-demo
 
 ## test: go vet, staticcheck and every test, integration tests on the real stack included (needs root)
-test: deps build vet lint
+test: deps deps-k8s build vet lint
 	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) test $(GOTEST_FLAGS) ./...
 
 ## bench: benchmarks printing ratios measured in one run

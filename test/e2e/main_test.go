@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -18,6 +19,10 @@ import (
 )
 
 var cluster *node.Cluster
+
+// exiting is held by whoever tears the run down: the signal handler, or TestMain after the tests.
+// The other then waits (the handler exits the process), so the two never clean up at once.
+var exiting sync.Mutex
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -55,12 +60,16 @@ func run(m *testing.M) int {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		s := <-sigs
+		exiting.Lock()
 		fmt.Fprintf(os.Stderr, "e2e: %v: stopping the nodes\n", s)
+		stopKube(false)
 		cluster.Stop(context.Background())
 		os.RemoveAll(dir)
 		os.Exit(2)
 	}()
 	code := m.Run()
+	exiting.Lock()
+	stopKube(code != 0)
 	if os.Getenv("BERTH_E2E_KEEP") == "" || code == 0 {
 		cluster.Stop(ctx)
 	}

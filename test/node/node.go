@@ -37,6 +37,11 @@ type Options struct {
 	// FakeGPUs is the number of fake GPUs (gpu/fake) the node gets, "Fake H200" with 4 GiB each,
 	// UUIDs GPU-<name>-<i>; the shim is configured with gpu = "fake". 0: no GPUs.
 	FakeGPUs int
+	// NRISocket is where containerd serves NRI, as containerd sees it; default Dir/Name/nri.sock.
+	NRISocket string
+	// Wrap is put before containerd's command line, for example nsenter into the mount
+	// namespace of a Kubernetes node (kubenode.go); nil runs containerd directly.
+	Wrap []string
 }
 
 // Node is a running local containerd.
@@ -97,7 +102,7 @@ state = '{{.Dir}}/state'
       conf_dir = '{{.Dir}}/cni'
   [plugins.'io.containerd.nri.v1.nri']
     disable = false
-    socket_path = '{{.Dir}}/nri.sock'
+    socket_path = '{{.NRISocket}}'
     plugin_path = '{{.Dir}}/nri-plugins'
     plugin_config_path = '{{.Dir}}/nri-conf.d'
 `))
@@ -123,10 +128,13 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 	if o.Bridge == "" {
 		o.Bridge = "berth-" + o.Name
 	}
+	if o.NRISocket == "" {
+		o.NRISocket = filepath.Join(dir, "nri.sock")
+	}
 	n := &Node{
 		Name: o.Name, Dir: dir,
 		Socket:         filepath.Join(dir, "containerd.sock"),
-		NRISocket:      filepath.Join(dir, "nri.sock"),
+		NRISocket:      o.NRISocket,
 		CheckpointRoot: filepath.Join(dir, "checkpoints"),
 		XDG:            filepath.Join(dir, "xdg"),
 		Log:            filepath.Join(dir, "containerd.log"),
@@ -145,7 +153,7 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 	if err := os.MkdirAll(n.CheckpointRoot, 0o700); err != nil {
 		return nil, err
 	}
-	data := map[string]string{"Dir": dir, "CNIBin": o.Stack.CNIBin, "Name": o.Name, "Bridge": o.Bridge, "PodCIDR": o.PodCIDR}
+	data := map[string]string{"Dir": dir, "CNIBin": o.Stack.CNIBin, "Name": o.Name, "Bridge": o.Bridge, "PodCIDR": o.PodCIDR, "NRISocket": o.NRISocket}
 	if err := writeTemplate(filepath.Join(dir, "containerd.toml"), configTmpl, data); err != nil {
 		return nil, err
 	}
@@ -186,7 +194,8 @@ func Start(ctx context.Context, o Options) (_ *Node, retErr error) {
 		return nil, err
 	}
 	defer logf.Close()
-	n.cmd = exec.Command(o.Stack.Tool("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
+	argv := append(append([]string{}, o.Wrap...), o.Stack.Tool("containerd"), "--config", filepath.Join(dir, "containerd.toml"))
+	n.cmd = exec.Command(argv[0], argv[1:]...)
 	n.cmd.Env = n.Env
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
