@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-dev/berth/oci/signature"
 	"github.com/berth-dev/berth/test/image"
 )
 
@@ -183,6 +184,17 @@ func StartKube(ctx context.Context, o KubeOptions) (_ *KubeCluster, retErr error
 			c.Nodes = append(c.Nodes, kn)
 		}
 		if err != nil {
+			return nil, err
+		}
+	}
+	// signing is on, as on a real cluster: each node's shim signs with its own key and trusts
+	// every node of the cluster (a restore pod on kube2 restores kube1's kubelet archive)
+	var trust Trust
+	for _, kn := range c.Nodes {
+		trust.Keys = append(trust.Keys, signature.TrustedKey{Path: kn.PublicKey})
+	}
+	for _, kn := range c.Nodes {
+		if _, err := kn.SetTrust(trust); err != nil {
 			return nil, err
 		}
 	}
