@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/oci/privilege"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -40,11 +42,17 @@ const (
 // CRIU's image names and magics (images/magic.h), and the task state of a zombie
 // (compel's COMPEL_TASK_DEAD, core_entry.tc.task_state).
 const (
-	pstreeImage    = "pstree.img"
-	pstreeMagic    = "PSTREE"
-	coreMagic      = "CORE"
-	taskStateDead  = 2
-	capWordsPerSet = 2 // CRIU's CR_CAP_SIZE: a capability set is two u32 words, low word first
+	pstreeImage  = "pstree.img"
+	pstreeMagic  = "PSTREE"
+	coreMagic    = "CORE"
+	seccompImage = "seccomp.img"
+	seccompMagic = "SECCOMP"
+	// seccompTSync is SECCOMP_FILTER_FLAG_TSYNC in a seccomp_filter's flags (linux/seccomp.h)
+	seccompTSync = 1
+	// maxSeccompImage bounds seccomp.img, in bytes (every filter of every process)
+	maxSeccompImage = 4 << 20
+	taskStateDead   = 2
+	capWordsPerSet  = 2 // CRIU's CR_CAP_SIZE: a capability set is two u32 words, low word first
 )
 
 var imgMagic = magic.LoadMagic()
@@ -58,8 +66,10 @@ var imgMagic = magic.LoadMagic()
 //
 // A thread whose image lacks no_new_privs or cap_amb (a CRIU that did not record them) reads
 // as without them; one without a per-thread seccomp mode takes its process's (older CRIU kept
-// one per process, task_core.old_seccomp_mode). A creds field this reader does not know is an
-// error.
+// one per process, task_core.old_seccomp_mode). A thread recorded without seccomp whose main
+// thread's filter chain (seccomp.img) carries SECCOMP_FILTER_FLAG_TSYNC reads as filtered: CRIU
+// stores a chain shared by every thread on the main thread only, and the restore installs it on
+// all of them. A creds field this reader does not know is an error.
 //
 // Each file must be a regular file within its size limit (pstree 4 MiB, core 1 MiB) and hold
 // well-formed entries; the tree at most 65536 threads. Errors name the file; a missing file
@@ -109,9 +119,14 @@ func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privi
 		procs = append(procs, process{pid, order})
 	}
 
+	filters, err := readSeccompFilters(read)
+	if err != nil {
+		return nil, fmt.Errorf("criu: read processes: %w", err)
+	}
 	var out []privilege.Process
 	for _, proc := range procs {
 		var leader *criucore.CoreEntry
+		first := len(out)
 		for _, tid := range proc.threads {
 			name := fmt.Sprintf("core-%d.img", tid)
 			b, err := read(name, maxCoreImage)
@@ -141,8 +156,64 @@ func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privi
 			}
 			out = append(out, p)
 		}
+		// When every thread shares the main thread's filter chain, CRIU keeps the chain on the
+		// main thread only, with SECCOMP_FILTER_FLAG_TSYNC, and records the other threads as
+		// without seccomp (criu/seccomp.c, try_use_tsync): on restore the main thread installs it
+		// for all of them. Those threads hold the filter, so they are read as holding it.
+		if leader != nil && privilege.SeccompMode(leader.GetThreadCore().GetSeccompMode()) == privilege.SeccompFilter &&
+			tsynced(filters, leader.GetThreadCore()) {
+			for i := first; i < len(out); i++ {
+				if out[i].TID != int(proc.pid) && out[i].Seccomp == privilege.SeccompDisabled {
+					out[i].Seccomp = privilege.SeccompFilter
+				}
+			}
+		}
 	}
 	return out, nil
+}
+
+// readSeccompFilters returns the filters of seccomp.img (none when CRIU wrote no such file: no
+// thread had a filter).
+func readSeccompFilters(read func(name string, limit int64) ([]byte, error)) ([]*seccomp.SeccompFilter, error) {
+	b, err := read(seccompImage, maxSeccompImage)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	entries, err := decodeImage(seccompImage, b, seccompMagic, 1, &seccomp.SeccompEntry{})
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	return entries[0].(*seccomp.SeccompEntry).GetSeccompFilters(), nil
+}
+
+// tsynced reports whether a filter of tc's chain in filters (seccomp_filter indexes its last,
+// each prev the one before) carries SECCOMP_FILTER_FLAG_TSYNC. A chain that points outside
+// filters or loops is not.
+func tsynced(filters []*seccomp.SeccompFilter, tc *criucore.ThreadCoreEntry) bool {
+	if tc.SeccompFilter == nil {
+		return false
+	}
+	i := tc.GetSeccompFilter()
+	for range len(filters) {
+		if int(i) >= len(filters) {
+			return false
+		}
+		f := filters[i]
+		if f.GetFlags()&seccompTSync != 0 {
+			return true
+		}
+		if f.Prev == nil {
+			return false
+		}
+		i = f.GetPrev()
+	}
+	return false
 }
 
 // fromCore returns the credentials of thread tid of process pid from its core entry (and

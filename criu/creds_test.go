@@ -620,3 +620,37 @@ func storeFixture(t *testing.T, dir, fixture string, want []privilege.Process) {
 	}
 	t.Logf("wrote %s", fixture)
 }
+
+// TestReadProcessesSeccompTSync reads two CRIU 4.2.1 dumps of testdata/images/seccomp-tsync.c, a
+// program that installs an allow-all seccomp filter and then starts three threads:
+//   - seccomp-tsync: every thread has the main thread's filter, so CRIU keeps the chain on the
+//     main thread only, marked SECCOMP_FILTER_FLAG_TSYNC, and records the other threads as
+//     without seccomp; the restore gives it to all. Every thread must read as filtered (a reader
+//     that missed this refused every legitimate restore of a multi-threaded process into a pod
+//     with a seccomp profile).
+//   - seccomp-mixed: run with an argument, it starts one thread before the filter; that thread
+//     has none (/proc said "Seccomp: 0"), CRIU records each thread's own filter, and that thread
+//     must read as disabled.
+func TestReadProcessesSeccompTSync(t *testing.T) {
+	for _, tc := range []struct {
+		dir  string
+		want []privilege.SeccompMode // by thread, in ReadProcesses' order (main thread first)
+	}{
+		{"seccomp-tsync", []privilege.SeccompMode{privilege.SeccompFilter, privilege.SeccompFilter, privilege.SeccompFilter, privilege.SeccompFilter}},
+		{"seccomp-mixed", []privilege.SeccompMode{privilege.SeccompFilter, privilege.SeccompDisabled, privilege.SeccompFilter, privilege.SeccompFilter, privilege.SeccompFilter}},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			ps, err := ReadProcesses(filepath.Join("testdata", "images", tc.dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []privilege.SeccompMode
+			for _, p := range ps {
+				got = append(got, p.Seccomp)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("seccomp by thread = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
