@@ -428,8 +428,9 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]g
 
 // restoreGPUs brings the restored task's checkpointed CUDA processes (those the driver reports
 // CHECKPOINTED) back onto the mapped GPUs and unlocks them, timed as the phases gpu-restore and
-// gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). It stops
-// at the first failure; the error names the PID and step.
+// gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). Each
+// process's restore is bounded by gpu_restore_timeout_ms (restoreBounded). It stops at the first
+// failure; the error names the PID and step.
 func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, ph *checkpoint.Phases) error {
 	drv := s.deps.GPU.Driver()
 	remap := pairs
@@ -452,8 +453,8 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 	}
 	if err := ph.Time("gpu-restore", func() error {
 		for _, pid := range todo {
-			if err := drv.Restore(pid, remap); err != nil {
-				return fmt.Errorf("GPU restore of pid %d: %w", pid, err)
+			if err := s.restoreBounded(drv, pid, remap, pairs, s.cfg.GPURestoreTimeout()); err != nil {
+				return err
 			}
 		}
 		return nil
