@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,6 +14,8 @@ import (
 
 	"github.com/berth-dev/berth/gpu/fake/fakecuda"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/shim"
+	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
 )
 
@@ -92,5 +97,50 @@ func TestGfltRestoreOntoFullGPU(t *testing.T) {
 		t.Errorf("restored workload: stats %+v (%v), want GPU GPU-node2-0 and weights %s", st, err, w.checksum)
 	}
 	r.requireTokens(t, ctx, 20, 40)
+	w.requireRunning(t, ctx)
+}
+
+// TestGfltDeviceMapPrefersIdle restores a one-GPU checkpoint onto node2 while GPU-node2-0 (the
+// lowest index, which the device map used to take) holds 64 MiB of another user's device memory
+// and GPU-node2-1 is idle: the restore must map onto GPU-node2-1, say so in the shim's restore
+// report, and `berthctl checkpoint inspect` must state the rule.
+func TestGfltDeviceMapPrefersIdle(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	gfltReclaim(t, c)
+	w := gfltStart(t, ctx, src, "gflt-m-src", []string{"GPU-node1-0"}, "")
+	w.requireTokens(t, ctx, 0, 20)
+	const name = "gflt-m-ck"
+	local := gfltCheckpoint(t, ctx, c, w, name)
+	out, err := fltBerthctl(ctx, c, "checkpoint", "inspect", local)
+	fltNoErr(t, err)
+	if !strings.Contains(out, "idle ones before those in use") {
+		t.Errorf("berthctl checkpoint inspect does not state the device map rule:\n%s", out)
+	}
+	gfltSend(t, ctx, c, local, dst.CheckpointRoot, name)
+
+	dir, err := dst.GPU.Dir("GPU-node2-0")
+	fltNoErr(t, err)
+	busy := filepath.Join(dir, fakecuda.MemPrefix+"gflt-busy")
+	f, err := os.OpenFile(busy, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	fltNoErr(t, err)
+	fltNoErr(t, f.Truncate(64<<20))
+	fltNoErr(t, f.Close())
+	t.Cleanup(func() { os.Remove(busy) })
+
+	r := gfltRestoreOK(t, ctx, c, dst, "gflt-m-r", name)
+	if st, err := client.Stats(ctx, r.target); err != nil || st.GPUs != "GPU-node2-1" || st.WeightsChecksum != w.checksum {
+		t.Errorf("restored workload: stats %+v (%v), want the idle GPU-node2-1 and weights %s", st, err, w.checksum)
+	}
+	r.requireTokens(t, ctx, 20, 30)
+	var rep shim.RestoreReport
+	fltNoErr(t, json.Unmarshal(fltRead(t, filepath.Join(dst.Dir, "state", "io.containerd.runtime.v2.task", node.Namespace, "gflt-m-r", shim.RestoreReportFile)), &rep))
+	for _, want := range []string{"GPU-node1-0 -> GPU-node2-1 (idle)", "passed over: GPU-node2-0 (in use, 67108864 bytes used)"} {
+		if !strings.Contains(rep.DeviceMapReason, want) {
+			t.Errorf("restore report's device map reason %q does not say %q", rep.DeviceMapReason, want)
+		}
+	}
 	w.requireRunning(t, ctx)
 }
