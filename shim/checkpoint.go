@@ -28,6 +28,7 @@ import (
 // the rootfs diff beside the images, build and write the manifest, restrict the checkpoint's
 // modes and sign it.
 func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
+	defer s.checkpointing(r.ID)() // a pause lease never resumes a task CRIU is dumping
 	st, err := s.checkpointable(ctx, r)
 	if err != nil {
 		return err

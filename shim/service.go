@@ -67,6 +67,8 @@ type Service struct {
 	// rootfs holds the root filesystem mounts of every task this shim created, from Create until
 	// Delete: Checkpoint writes the rootfs diff from the overlay's upper directory.
 	rootfs map[string][]mount.Mount
+	// leases are the tasks' pause leases (lease.go).
+	leases leases
 }
 
 // restoreStatus is where a task created from a checkpoint stands in the shim.
@@ -403,6 +405,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		delete(s.tasks, r.ID)
 		delete(s.rootfs, r.ID)
 		s.mu.Unlock()
+		s.dropLease(r.ID)
 		if t != nil {
 			if t.plan != nil {
 				t.plan.cleanup()

@@ -23,6 +23,7 @@ func Migrate(g *Globals) *cobra.Command {
 	var (
 		from, to, receiver, root, newID, workDir, name, logPath string
 		leaveRunning, keep                                      bool
+		pauseLease                                              time.Duration
 		tf                                                      *tlsFlags
 		trust                                                   *trustFlags
 		output                                                  *format
@@ -44,7 +45,12 @@ the destination's shim checks the signature again before it restores.
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
-resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.`,
+resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.
+
+The source holds a pause lease (--pause-lease, default 30s) from before it is paused until the
+move is decided, renewed while migrate runs: if migrate dies (SIGKILL included), berth's shim
+resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a paused source,
+'ctr -n NS tasks resume ID' resumes it at once.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
 			ctx := cmd.Context()
@@ -137,7 +143,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
 				Send: send, Sign: policy.Sign,
-				LeaveRunning: leaveRunning, LogPath: logPath,
+				LeaveRunning: leaveRunning, LogPath: logPath, PauseLease: pauseLease,
 			})
 			if err != nil {
 				return err
@@ -164,6 +170,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&name, "name", "", "checkpoint name in the destination root (default CONTAINER-TIMESTAMP)")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
+	f.DurationVar(&pauseLease, "pause-lease", move.DefaultPauseLease, "if this process dies mid-move, berth's shim resumes the paused source at most this long after its last renewal")
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, true, true)
