@@ -71,6 +71,7 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		commands.CheckpointSelector(),
 		commands.CheckpointPush(g),
 		commands.CheckpointPull(g),
+		commands.CheckpointCheck(g),
 	)
 	for _, c := range []struct {
 		group string
