@@ -71,6 +71,9 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		commands.CheckpointSelector(),
 		commands.CheckpointPush(g),
 		commands.CheckpointPull(g),
+		commands.CheckpointLs(g),
+		commands.CheckpointRm(g),
+		commands.CheckpointGC(g),
 	)
 	for _, c := range []struct {
 		group string
