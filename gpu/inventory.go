@@ -1,5 +1,7 @@
 package gpu
 
+import "github.com/berth-dev/berth/gpu/topology"
+
 // Device is one GPU of a node, as an Inventory reports it.
 type Device struct {
 	// Index is the driver's device index (NVML index, /dev/nvidia<Minor>).
@@ -54,4 +56,13 @@ type Inventory interface {
 	// refuses a GPU with less free memory. Errors wrap ErrUnsupported when the backend cannot
 	// tell (NVML reports the value as not available), and name the GPU.
 	ProcessMemory(pid int) (map[string]uint64, error)
+}
+
+// Topologist is an Inventory that also knows the links between the node's GPUs (gpu/nvml; the
+// fake when its node lists links). The topology is indexed like Devices. A restore's device map
+// keeps NVLink peers NVLink peers with it (gpu/devicemap); an Inventory without it maps by model
+// and memory alone.
+type Topologist interface {
+	// Topology returns the links between the node's GPUs; nil (and no error) when unknown.
+	Topology() (*topology.Topology, error)
 }

@@ -55,6 +55,11 @@ type Config struct {
 	NamespaceMappings []string `toml:"namespace_mappings"`
 	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
 	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`
+	// GPURestoreTimeoutMs bounds the CUDA restore of each process at restore (its device memory
+	// copied back onto the GPU), in ms. The driver can hang a restore onto a GPU without enough
+	// free memory; past the bound the shim kills the task and answers with an error naming the
+	// process and GPUs (the checkpoint is left intact). Default 120000.
+	GPURestoreTimeoutMs int `toml:"gpu_restore_timeout_ms"`
 	// AllowedRegistries are the registries ("host[:port]", exactly as in the reference) that
 	// berth.dev/restore-from may name with oci://. Default none: registry references are refused.
 	AllowedRegistries []string `toml:"allowed_registries"`
@@ -109,15 +114,21 @@ func (c Config) GPULockTimeout() time.Duration {
 	return time.Duration(c.GPULockTimeoutMs) * time.Millisecond
 }
 
+// GPURestoreTimeout returns GPURestoreTimeoutMs as a duration.
+func (c Config) GPURestoreTimeout() time.Duration {
+	return time.Duration(c.GPURestoreTimeoutMs) * time.Millisecond
+}
+
 // DefaultConfig returns the configuration used when no file exists.
 func DefaultConfig() Config {
 	return Config{
-		CheckpointRoot:     checkpoint.DefaultRoot,
-		CRIUOptions:        []string{"tcp-close"},
-		MaxArchiveBytes:    64 << 30,
-		MaxRootfsDiffBytes: 512 << 20,
-		GPU:                "none",
-		GPULockTimeoutMs:   10000,
+		CheckpointRoot:      checkpoint.DefaultRoot,
+		CRIUOptions:         []string{"tcp-close"},
+		MaxArchiveBytes:     64 << 30,
+		MaxRootfsDiffBytes:  512 << 20,
+		GPU:                 "none",
+		GPULockTimeoutMs:    10000,
+		GPURestoreTimeoutMs: 120000,
 	}
 }
 
@@ -167,6 +178,9 @@ func (c Config) Validate() error {
 	}
 	if c.GPULockTimeoutMs <= 0 {
 		return fmt.Errorf("gpu_lock_timeout_ms %d: must be positive", c.GPULockTimeoutMs)
+	}
+	if c.GPURestoreTimeoutMs <= 0 {
+		return fmt.Errorf("gpu_restore_timeout_ms %d: must be positive", c.GPURestoreTimeoutMs)
 	}
 	for _, h := range c.AllowedRegistries {
 		if !validRegistryHost(h) {

@@ -118,6 +118,7 @@ func errorClasses() []struct {
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver
 		{is(gpu.ErrTimeout), errdefs.ErrUnavailable},
+		{is(gpu.ErrOutOfMemory), errdefs.ErrResourceExhausted},
 		{is(gpu.ErrIllegalState, gpu.ErrUnsupported, gpu.ErrNotCUDA), errdefs.ErrFailedPrecondition},
 		// what was named does not exist
 		{is(orasErrdef.ErrNotFound, os.ErrNotExist), errdefs.ErrNotFound},

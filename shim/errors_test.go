@@ -50,6 +50,8 @@ func TestErrorClass(t *testing.T) {
 		{"registry not allowed", wrap(mark(errors.New("registry r"), ErrRegistryNotAllowed)), errdefs.ErrPermissionDenied},
 		{"registry credentials", wrap(registry.ErrUnauthorized), errdefs.ErrPermissionDenied},
 		{"GPU lock timeout", wrap(fmt.Errorf("GPU lock of pid 1: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},
+		{"GPU out of memory", wrap(fmt.Errorf("GPU restore of pid 1: %w", gpu.ErrOutOfMemory)), errdefs.ErrResourceExhausted},
+		{"GPU restore timeout", wrap(fmt.Errorf("GPU restore of pid 1 did not finish within 1s: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},
 		{"GPU driver too old", wrap(fmt.Errorf("driver 550: %w", gpu.ErrUnsupported)), errdefs.ErrFailedPrecondition},
 		{"GPU illegal state", wrap(gpu.ErrIllegalState), errdefs.ErrFailedPrecondition},
 		{"errdefs class kept", fmt.Errorf("task is stopped, not running: %w", errdefs.ErrFailedPrecondition), errdefs.ErrFailedPrecondition},

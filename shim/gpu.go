@@ -17,6 +17,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/devicemap"
+	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
@@ -120,6 +122,7 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		}
 		g.record.Devices = append(g.record.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
 	}
+	g.record.Links = s.containerLinks(ctx, devs, uuids)
 	defer func() {
 		if retErr != nil {
 			g.abort(ctx)
@@ -344,34 +347,117 @@ func (g *gpuSession) manifestState() *checkpoint.GPUState {
 }
 
 // planGPURestore checks, before anything is created, that this node can take the checkpoint's
-// GPUs: driver and CUDA versions, the same model and count, enough free memory per GPU; builds
-// the device map (identical UUIDs first, then the same model, lowest index first, skipping GPUs
-// already used by the map) and rewrites spec to give the container the mapped GPUs. The error
-// names the field that differs and both values.
-func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]gpu.UUIDPair, error) {
+// GPUs: driver and CUDA versions, the same model and count, enough free memory per GPU; chooses
+// the device map (gpu/devicemap: the checkpoint's own GPUs when they are all here, else GPUs of
+// the same model that keep the links the checkpoint recorded, idle ones before those in use) and
+// rewrites spec to give the container the mapped GPUs. It returns the map and why it was chosen.
+// The error names the field that differs and both values.
+func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) (devicemap.Choice, error) {
 	if st == nil || len(st.Devices) == 0 {
-		return nil, nil
+		return devicemap.Choice{}, nil
 	}
 	if s.deps.GPU == nil {
-		return nil, mismatch("gpus", strconv.Itoa(len(st.Devices)), "0 (no GPU driver configured)")
+		return devicemap.Choice{}, mismatch("gpus", strconv.Itoa(len(st.Devices)), "0 (no GPU driver configured)")
 	}
 	vers, err := s.deps.GPU.Driver().Versions()
 	if err != nil {
-		return nil, fmt.Errorf("GPU driver: %w", err)
+		return devicemap.Choice{}, fmt.Errorf("GPU driver: %w", err)
 	}
 	if vers.Driver != st.Driver {
-		return nil, mismatch("gpu.driver", st.Driver, vers.Driver)
+		return devicemap.Choice{}, mismatch("gpu.driver", st.Driver, vers.Driver)
 	}
 	if vers.CUDA != st.CUDA {
-		return nil, mismatch("gpu.cuda", st.CUDA, vers.CUDA)
+		return devicemap.Choice{}, mismatch("gpu.cuda", st.CUDA, vers.CUDA)
 	}
 	devs, err := s.deps.GPU.Inventory().Devices()
 	if err != nil {
-		return nil, fmt.Errorf("GPU inventory: %w", err)
+		return devicemap.Choice{}, fmt.Errorf("GPU inventory: %w", err)
 	}
 	if len(devs) < len(st.Devices) {
-		return nil, mismatch("gpus", strconv.Itoa(len(st.Devices)), strconv.Itoa(len(devs)))
+		return devicemap.Choice{}, mismatch("gpus", strconv.Itoa(len(st.Devices)), strconv.Itoa(len(devs)))
 	}
+	choice, err := devicemap.Choose(s.deviceMapRequest(st, devs))
+	if err != nil {
+		return devicemap.Choice{}, noFit(st, devs)
+	}
+	pairs := choice.Pairs
+	for i, src := range st.Devices {
+		d, _ := findDevice(devs, pairs[i].New)
+		if d.Name != src.Name {
+			return devicemap.Choice{}, mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, d.Name)
+		}
+		if d.MemoryFree() < src.MemoryUsed {
+			return devicemap.Choice{}, mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
+				fmt.Sprintf("%d bytes free on %s", d.MemoryFree(), d.UUID))
+		}
+	}
+	remap := false
+	for _, p := range pairs {
+		remap = remap || p.Old != p.New
+	}
+	if err := gpu.CheckDriver(vers, remap); err != nil {
+		return devicemap.Choice{}, err
+	}
+	if err := s.deps.GPU.AdaptSpec(spec, pairs); err != nil {
+		return devicemap.Choice{}, fmt.Errorf("give the container its GPUs: %w", err)
+	}
+	return choice, nil
+}
+
+// restoreGPUs brings the restored task's checkpointed CUDA processes (those the driver reports
+// CHECKPOINTED) back onto the mapped GPUs and unlocks them, timed as the phases gpu-restore and
+// gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). Each
+// process's restore is bounded by gpu_restore_timeout_ms (restoreBounded). It stops at the first
+// failure; the error names the PID and step.
+func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, ph *checkpoint.Phases) error {
+	drv := s.deps.GPU.Driver()
+	remap := pairs
+	identity := true
+	for _, p := range pairs {
+		identity = identity && p.Old == p.New
+	}
+	if identity {
+		remap = nil
+	}
+	pids, err := s.TTRPCTaskService.Pids(ctx, &taskAPI.PidsRequest{ID: id})
+	if err != nil {
+		return errgrpc.ToNative(err)
+	}
+	var todo []int
+	for _, p := range pids.Processes {
+		if st, err := drv.State(int(p.Pid)); err == nil && st == gpu.StateCheckpointed {
+			todo = append(todo, int(p.Pid))
+		}
+	}
+	if err := ph.Time("gpu-restore", func() error {
+		for _, pid := range todo {
+			if err := s.restoreBounded(drv, pid, remap, pairs, s.cfg.GPURestoreTimeout()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := ph.Time("gpu-unlock", func() error {
+		for _, pid := range todo {
+			if err := drv.Unlock(pid); err != nil {
+				return fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"gpu_pids": todo, "pairs": pairs}).Info("GPU state restored")
+	return nil
+}
+
+// noFit is the refusal when no device map fits (devicemap.ErrNoFit): the checkpoint's own GPUs
+// (identical UUIDs) first, then unused GPUs of the same model with enough free memory in index
+// order, as far as that goes; the error names the first GPU that cannot be placed, the field and
+// both values, and lists this node's GPUs.
+func noFit(st *checkpoint.GPUState, devs []gpu.Device) error {
 	used := map[string]bool{}
 	pairs := make([]gpu.UUIDPair, len(st.Devices))
 	for i, src := range st.Devices { // identical UUIDs first
@@ -397,81 +483,23 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) ([]g
 				sameModel = sameModel || (!used[d.UUID] && d.Name == src.Name)
 			}
 			if !sameModel {
-				return nil, mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, "no unused GPU of that model: "+describe(devs))
+				return mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, "no unused GPU of that model: "+describe(devs))
 			}
-			return nil, mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
+			return mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
 				"no unused "+src.Name+" with that much free memory: "+describe(devs))
 		}
 	}
 	for i, src := range st.Devices {
 		d, _ := findDevice(devs, pairs[i].New)
 		if d.Name != src.Name {
-			return nil, mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, d.Name)
+			return mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, d.Name)
 		}
 		if d.MemoryFree() < src.MemoryUsed {
-			return nil, mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
+			return mismatch(fmt.Sprintf("gpu[%d].memoryFree", i), fmt.Sprintf("%d bytes needed", src.MemoryUsed),
 				fmt.Sprintf("%d bytes free on %s", d.MemoryFree(), d.UUID))
 		}
 	}
-	remap := false
-	for _, p := range pairs {
-		remap = remap || p.Old != p.New
-	}
-	if err := gpu.CheckDriver(vers, remap); err != nil {
-		return nil, err
-	}
-	if err := s.deps.GPU.AdaptSpec(spec, pairs); err != nil {
-		return nil, fmt.Errorf("give the container its GPUs: %w", err)
-	}
-	return pairs, nil
-}
-
-// restoreGPUs brings the restored task's checkpointed CUDA processes (those the driver reports
-// CHECKPOINTED) back onto the mapped GPUs and unlocks them, timed as the phases gpu-restore and
-// gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). It stops
-// at the first failure; the error names the PID and step.
-func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, ph *checkpoint.Phases) error {
-	drv := s.deps.GPU.Driver()
-	remap := pairs
-	identity := true
-	for _, p := range pairs {
-		identity = identity && p.Old == p.New
-	}
-	if identity {
-		remap = nil
-	}
-	pids, err := s.TTRPCTaskService.Pids(ctx, &taskAPI.PidsRequest{ID: id})
-	if err != nil {
-		return errgrpc.ToNative(err)
-	}
-	var todo []int
-	for _, p := range pids.Processes {
-		if st, err := drv.State(int(p.Pid)); err == nil && st == gpu.StateCheckpointed {
-			todo = append(todo, int(p.Pid))
-		}
-	}
-	if err := ph.Time("gpu-restore", func() error {
-		for _, pid := range todo {
-			if err := drv.Restore(pid, remap); err != nil {
-				return fmt.Errorf("GPU restore of pid %d: %w", pid, err)
-			}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if err := ph.Time("gpu-unlock", func() error {
-		for _, pid := range todo {
-			if err := drv.Unlock(pid); err != nil {
-				return fmt.Errorf("GPU unlock of pid %d: %w", pid, err)
-			}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	log.G(ctx).WithFields(log.Fields{"gpu_pids": todo, "pairs": pairs}).Info("GPU state restored")
-	return nil
+	return mismatch("gpus", strconv.Itoa(len(st.Devices))+" GPUs of their models with enough free memory", describe(devs))
 }
 
 // mismatch is the fingerprint mismatch of one GPU field (class FailedPrecondition, errorClass).
@@ -511,4 +539,66 @@ func nsPID(pid int) int {
 		}
 	}
 	return pid
+}
+
+// deviceMapRequest is the device map request of checkpoint GPU state st onto this node's GPUs
+// devs, with the links the checkpoint recorded and this node's (when the inventory knows them).
+func (s *Service) deviceMapRequest(st *checkpoint.GPUState, devs []gpu.Device) devicemap.Request {
+	r := devicemap.Request{Devices: devs}
+	for _, d := range st.Devices {
+		r.GPUs = append(r.GPUs, devicemap.Source{UUID: d.UUID, Name: d.Name, MemoryUsed: d.MemoryUsed})
+	}
+	if len(st.Links) == len(st.Devices) {
+		r.Links = make([][]topology.Link, len(st.Links))
+		for i, row := range st.Links {
+			if len(row) != len(st.Devices) {
+				r.Links = nil
+				break
+			}
+			r.Links[i] = make([]topology.Link, len(row))
+			for j, c := range row {
+				r.Links[i][j], _ = topology.ParseLink(c) // unknown: not compared
+			}
+		}
+	}
+	if t, ok := s.deps.GPU.Inventory().(gpu.Topologist); ok {
+		r.Topology, _ = t.Topology() // unknown: mapped by model and memory alone
+	}
+	return r
+}
+
+// containerLinks returns the links between the container's GPUs (uuids, container order) on this
+// node, as nvidia-smi names them, for the manifest; nil when the inventory does not know them.
+func (s *Service) containerLinks(ctx context.Context, devs []gpu.Device, uuids []string) [][]string {
+	tl, ok := s.deps.GPU.Inventory().(gpu.Topologist)
+	if !ok || len(uuids) < 2 {
+		return nil
+	}
+	t, err := tl.Topology()
+	if err != nil || t == nil || len(t.GPUs) != len(devs) {
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("GPU links unknown: a restore maps the GPUs by model and memory alone")
+		}
+		return nil
+	}
+	idx := make([]int, len(uuids))
+	for i, u := range uuids {
+		idx[i] = -1
+		for j, d := range devs {
+			if d.UUID == u {
+				idx[i] = j
+			}
+		}
+		if idx[i] < 0 {
+			return nil
+		}
+	}
+	out := make([][]string, len(uuids))
+	for i := range uuids {
+		out[i] = make([]string, len(uuids))
+		for j := range uuids {
+			out[i][j] = t.Link(idx[i], idx[j]).String()
+		}
+	}
+	return out
 }

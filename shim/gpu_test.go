@@ -261,6 +261,8 @@ func TestPlanGPURestore(t *testing.T) {
 	}{
 		{"same GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 0), dev("GPU-a", "H200", 0)}, "GPU-a", nil},
 		{"mapped to the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0), dev("GPU-b", "H200", 0)}, "GPU-b", nil},
+		{"idle before busy of the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 5<<20), dev("GPU-y", "H200", 0)}, "GPU-y", nil},
+		{"own GPU full: an idle one of the model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 1<<30), dev("GPU-y", "H200", 0)}, "GPU-y", nil},
 		{"other model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0)}, "", []string{"gpu[0]", "H200", "A100"}},
 		{"fewer GPUs", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, nil, "", []string{"gpus", `"1"`, `"0"`}},
 		{"other driver", gpu.Versions{Driver: "575.51.03", DriverMajor: 575, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpu.driver", "580.65.06", "575.51.03"}},
@@ -272,7 +274,8 @@ func TestPlanGPURestore(t *testing.T) {
 			drv := &scriptDriver{vers: tc.vers}
 			s := NewService(nil, DefaultConfig(), Deps{GPU: &scriptBackend{drv: drv, devs: tc.devs}})
 			spec := &specs.Spec{Process: &specs.Process{Env: []string{"GPUS=GPU-a"}}}
-			pairs, err := s.planGPURestore(spec, ckpt)
+			choice, err := s.planGPURestore(spec, ckpt)
+			pairs := choice.Pairs
 			if len(tc.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("no error; pairs %v", pairs)

@@ -395,6 +395,7 @@ type restorePlan struct {
 	rootfsDiff string               // rootfs diff to apply, relative to dir; "" when none
 	manifest   *checkpoint.Manifest // the verified manifest; nil for a containerd checkpoint without one
 	gpuPairs   []gpu.UUIDPair       // device map for the GPU restore in Start; nil without GPUs
+	gpuReason  string               // why the device map was chosen (devicemap.Choice.Reason)
 }
 
 // hold opens the checkpoint directory and its CRIU image directory (ImagesDir inside it when

@@ -207,9 +207,12 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 	specChanged := false
 	if plan != nil && plan.manifest != nil && plan.manifest.GPU != nil {
 		// before anything is created: can this node take the checkpoint's GPUs?
-		if plan.gpuPairs, err = s.planGPURestore(spec, plan.manifest.GPU); err != nil {
+		choice, err := s.planGPURestore(spec, plan.manifest.GPU)
+		if err != nil {
 			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
 		}
+		plan.gpuPairs, plan.gpuReason = choice.Pairs, choice.Reason
+		log.G(ctx).WithFields(log.Fields{"pairs": choice.Pairs, "reason": choice.Reason}).Info("GPU device map chosen")
 		specChanged = true
 	}
 	changed, err := s.setCRIUConfig(r.Bundle, spec)
@@ -265,6 +268,10 @@ type RestoreReport struct {
 	// TotalMs is Start's wall time from the runc restore to the end of the GPU restore, in ms (the
 	// log's restore_ms).
 	TotalMs float64 `json:"totalMs"`
+	// DeviceMap is the GPU device map of a GPU checkpoint (old UUID -> new UUID) and
+	// DeviceMapReason why Create chose it (gpu/devicemap); absent without GPUs.
+	DeviceMap       []gpu.UUIDPair `json:"deviceMap,omitempty"`
+	DeviceMapReason string         `json:"deviceMapReason,omitempty"`
 }
 
 // Start starts the task. A task created from a checkpoint is restored instead: runc restores it
@@ -334,6 +341,9 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, ph)
 	}
 	report := RestoreReport{Phases: ph.List(), TotalMs: checkpoint.Millis(s.deps.Now().Sub(start))}
+	if t.plan != nil {
+		report.DeviceMap, report.DeviceMapReason = t.plan.gpuPairs, t.plan.gpuReason
+	}
 	s.writeRestoreReport(ctx, t.bundle, report)
 	if gpuErr != nil {
 		// do not leave a task without its device memory running

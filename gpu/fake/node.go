@@ -71,6 +71,9 @@ type NodeSpec struct {
 	// where it reports a process's used memory as not available: a checkpoint then records no
 	// device memory, so a restore's preflight cannot refuse a full GPU and the driver meets it.
 	ProcessMemoryUnavailable bool `json:"processMemoryUnavailable,omitempty"`
+	// Links[i][j] is the link between GPUs i and j as nvidia-smi names it ("X" on the diagonal,
+	// "NV4", "PIX", "SYS"); empty when the node's links are unknown (Topology returns nil).
+	Links [][]string `json:"links,omitempty"`
 }
 
 // GPUSpec is one fake GPU.
@@ -185,6 +188,9 @@ func validate(spec NodeSpec) error {
 			return fmt.Errorf("GPU %d: UUID %s listed twice", i, g.UUID)
 		}
 		seen[g.UUID] = true
+	}
+	if _, err := linksTopology(spec); err != nil {
+		return err
 	}
 	return nil
 }

@@ -49,6 +49,10 @@ type GPUState struct {
 	// same processes' PIDs inside the container (stable across restore).
 	PIDs   []int `json:"pids"`
 	NSPIDs []int `json:"nsPids"`
+	// Links[i][j] is the link between the container's GPUs i and j on the source node, as
+	// nvidia-smi names it ("NV18", "SYS", "X" for i == j); absent when the node's links are
+	// unknown. A restore maps the GPUs onto a set with the same links where one exists.
+	Links [][]string `json:"links,omitempty"`
 	// Steps are the durations of the GPU steps (thaw, lock, checkpoint, restore, unlock), in order.
 	Steps []Phase `json:"steps,omitempty"`
 }

@@ -363,7 +363,9 @@ func TestGfltRestoreRefused(t *testing.T) {
 		{"fewer-gpus", dst, func() func() {
 			return gfltEditGPUs(t, dst, func(s *fake.NodeSpec) { s.GPUs = s.GPUs[:1] })
 		}, []string{`fingerprint mismatch: gpus: checkpoint has "2" but this node has "1"`}},
-		{"memory-free-same-gpus", src, func() func() { return gfltFill(t, src, "GPU-node1-0") },
+		// both filled: the device map would otherwise swap the GPUs (the checkpoint records no
+		// device memory on GPU 1, which then fits the full GPU-node1-0)
+		{"memory-free-same-gpus", src, func() func() { return gfltFill(t, src, "GPU-node1-0", "GPU-node1-1") },
 			[]string{fmt.Sprintf(`fingerprint mismatch: gpu[0].memoryFree: checkpoint has "%d bytes needed" but this node has "0 bytes free on GPU-node1-0"`, need)}},
 		{"model-same-gpus", src, func() func() { return setModel(src, "Fake B200") },
 			[]string{`fingerprint mismatch: gpu[0].name: checkpoint has "Fake H200" but this node has "Fake B200"`}},

@@ -230,6 +230,7 @@ func printManifest(w io.Writer, m *checkpoint.Manifest, verified bool, signedBy 
 		for i, d := range g.Devices {
 			fmt.Fprintf(tw, "GPU %d\t%s %s, %s used of %s, %v\n", i, d.UUID, d.Name, humanBytes(int64(d.MemoryUsed)), humanBytes(int64(d.MemoryTotal)), d.DevicePaths)
 		}
+		fmt.Fprintf(tw, "GPU device map\t%s\n", deviceMapRule(g))
 	}
 	for _, p := range m.Phases {
 		fmt.Fprintf(tw, "phase %s\t%.1f ms\n", p.Name, p.Ms)
