@@ -236,6 +236,9 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 	if r.Checkpoint == "" {
 		return nil, nil
 	}
+	if err := checkRuncID(ctx, r); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+	}
 	t.ownNetns = ownsNetns(spec)
 	if p := joinedUTS(spec); p != "" {
 		if t.uts, err = readUTS(p); err != nil {
