@@ -22,7 +22,7 @@ func TestCheckRuncID(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := namespaces.WithNamespace(context.Background(), "ns")
-	r := &taskAPI.CreateTaskRequest{ID: "x", Options: opts}
+	r := &taskAPI.CreateTaskRequest{ID: "x", Options: opts, Bundle: t.TempDir()}
 	if err := checkRuncID(ctx, r); err != nil {
 		t.Fatalf("free id: %v", err)
 	}
@@ -35,6 +35,9 @@ func TestCheckRuncID(t *testing.T) {
 	err = checkRuncID(ctx, r)
 	if err == nil || !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "another id") {
 		t.Fatalf("id runc holds: %v; want AlreadyExists that says to use another id", err)
+	}
+	if _, serr := os.Stat(filepath.Join(r.Bundle, runcIDTakenFile)); serr != nil {
+		t.Errorf("bundle not marked for the manager's Stop: %v", serr)
 	}
 	if errorClass(err) != errdefs.ErrAlreadyExists {
 		t.Errorf("class %v", errorClass(err))
