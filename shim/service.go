@@ -67,6 +67,8 @@ type Service struct {
 	// rootfs holds the root filesystem mounts of every task this shim created, from Create until
 	// Delete: Checkpoint writes the rootfs diff from the overlay's upper directory.
 	rootfs map[string][]mount.Mount
+	// leases are the tasks' pause leases (lease.go).
+	leases leases
 }
 
 // restoreStatus is where a task created from a checkpoint stands in the shim.
@@ -97,6 +99,9 @@ type restoredTask struct {
 	// writes them back after CRIU restored the checkpoint's (uts.go). nil when the task has a UTS
 	// namespace of its own.
 	uts *utsNames
+	// criuWork is the CRIU work directory the caller's runc options name ("" for the bundle):
+	// a failed restore quotes and keeps CRIU's restore.log from there.
+	criuWork string
 }
 
 // close releases what the record holds: the plan's extracted archive and the stdin FIFO.
@@ -208,6 +213,11 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 			t.close()
 		}
 	}()
+	if plan != nil || r.Checkpoint != "" {
+		if err := checkRestoreFits(plan, spec); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
+	}
 	specChanged := false
 	if plan != nil && plan.manifest != nil && plan.manifest.GPU != nil {
 		// before anything is created: can this node take the checkpoint's GPUs?
@@ -245,6 +255,7 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
 		}
 	}
+	t.criuWork = criuWorkPath(r)
 	if t.stdin, err = restoreStdio(r); err != nil {
 		return nil, err
 	}
@@ -349,7 +360,7 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 		resp, err = s.TTRPCTaskService.Start(ctx, r)
 		return errgrpc.ToNative(err)
 	}); err != nil {
-		return nil, err
+		return nil, s.explainRestore(ctx, r.ID, t, err)
 	}
 	if t.uts != nil {
 		// CRIU wrote the checkpoint's hostname into the pod's UTS namespace: give the pod its own back
@@ -432,6 +443,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		delete(s.tasks, r.ID)
 		delete(s.rootfs, r.ID)
 		s.mu.Unlock()
+		s.dropLease(r.ID)
 		if t != nil {
 			if t.plan != nil {
 				t.plan.cleanup()
@@ -506,22 +518,4 @@ func writeSpec(bundle string, spec *specs.Spec) error {
 		return fmt.Errorf("write bundle spec: %w", err)
 	}
 	return os.Rename(tmp, p)
-}
-
-// criuErrors returns the last n error lines of a CRIU log, joined with " | ", or "".
-func criuErrors(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var errs []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) > n {
-		errs = errs[len(errs)-n:]
-	}
-	return strings.Join(errs, " | ")
 }

@@ -59,18 +59,6 @@ func ownedTmpfs(spec *specs.Spec) []specs.Mount {
 	return out
 }
 
-func isBind(m specs.Mount) bool {
-	if m.Type == "bind" {
-		return true
-	}
-	for _, o := range m.Options {
-		if o == "bind" || o == "rbind" {
-			return true
-		}
-	}
-	return false
-}
-
 func isTmpfs(path string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(path, &st) == nil && st.Type == unix.TMPFS_MAGIC
