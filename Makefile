@@ -12,7 +12,7 @@ STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticc
 
 all: build
 
-## deps: install the real stack (containerd, runc, CRIU, crictl, CNI) into a cached prefix
+## deps: install the real stack (containerd, runc, CRIU, crictl, CNI, nerdctl) into a cached prefix
 deps:
 	bash test/stack/install.sh
 
