@@ -8,7 +8,7 @@ GOTEST_FLAGS ?= -count=1 -timeout 40m
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all deps deps-k8s build demo test bench vet lint clean gpu-check-bundle
+.PHONY: all deps deps-k8s build demo demo-k8s test bench vet lint clean gpu-check-bundle
 
 all: build
 
@@ -32,6 +32,11 @@ build:
 ## demo: two local containerd nodes, an inference workload streaming sessions, moved mid-stream
 demo: deps build
 	$(GO) run ./test/cmd/berth-demo
+
+## demo-k8s: the same move on a real two-node Kubernetes cluster: a RuntimeClass berth pod
+## streaming sessions, `kubectl berth move` mid-stream to the other node
+demo-k8s: deps deps-k8s build
+	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) run ./test/cmd/berth-demo-k8s
 
 ## test: go vet, staticcheck and every test, integration tests on the real stack included (needs root)
 test: deps deps-k8s build vet lint
