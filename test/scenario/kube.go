@@ -61,11 +61,12 @@ func (r *PodReport) Continuous() bool {
 	return r.InferenceReport.Continuous() && r.SourceDeleted
 }
 
-// inferPodYAML is the inference pod a user writes for berth: runtimeClassName berth, one exclusive
-// CPU (Guaranteed QoS, which berth-nri pins), the RuntimeDefault seccomp profile, a locked-down
-// security context, on node.
-func inferPodYAML(ns, name, nodeName string, weightsMiB, delayMs int) string {
-	mem := weightsMiB + 256
+// InferPodYAML is the inference pod ns/name a user writes for berth: runtimeClassName berth, one
+// exclusive CPU (Guaranteed QoS, which berth-nri pins), the RuntimeDefault seccomp profile, a
+// locked-down security context, on node nodeName, with weightsMiB of weights (seed 7) and
+// memory for them.
+func InferPodYAML(ns, name, nodeName string, weightsMiB, delayMs int) string {
+	mem := weightsMiB*3/2 + 256
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
@@ -138,7 +139,7 @@ func MovePod(ctx context.Context, c *node.KubeCluster, src, dst *node.KubeNode, 
 	defer func() {
 		_, _ = c.Kubectl(context.WithoutCancel(ctx), "delete", "namespace", o.Namespace, "--timeout=120s")
 	}()
-	if _, err := c.KubectlIn(ctx, strings.NewReader(inferPodYAML(o.Namespace, o.Pod, src.Name, o.WeightsMiB, o.DelayMs)), "apply", "-f", "-"); err != nil {
+	if _, err := c.KubectlIn(ctx, strings.NewReader(InferPodYAML(o.Namespace, o.Pod, src.Name, o.WeightsMiB, o.DelayMs)), "apply", "-f", "-"); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
