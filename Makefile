@@ -43,7 +43,7 @@ test: deps deps-k8s build vet lint
 	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) test $(GOTEST_FLAGS) ./...
 
 ## bench: benchmarks printing ratios measured in one run
-bench: deps build
+bench: deps deps-k8s build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./test/e2e/
 
 ## gpu-check-bundle: binaries and script for a real NVIDIA machine (test/gpu-check/README.md)
