@@ -7,3 +7,16 @@ package oci
 // before the pause until the move is decided, renewing it while it runs, so a move that is
 // killed (SIGKILL included) never leaves its source paused for longer than the lease.
 const AnnotationPauseLease = "berth.dev/pause-lease"
+
+// AnnotationPauseLeaseExpiry, beside AnnotationPauseLease in the same update, says what berth's
+// shim does to a task still paused when its lease ends: "resume" (the default: the move that
+// paused it died before its destination ran) or "kill" (the move is committed: its destination
+// runs the container, so the source must not run too). berthctl migrate switches the lease to
+// "kill" the moment the destination's restore succeeded, before it stops the source.
+const AnnotationPauseLeaseExpiry = "berth.dev/pause-lease-expiry"
+
+// The values of AnnotationPauseLeaseExpiry.
+const (
+	PauseLeaseResume = "resume"
+	PauseLeaseKill   = "kill"
+)

@@ -34,6 +34,8 @@ type leases struct {
 type lease struct {
 	deadline time.Time
 	timer    *time.Timer
+	// kill: at expiry a still paused task is killed, not resumed (oci.PauseLeaseKill)
+	kill bool
 }
 
 // Update updates the task. An update whose annotations carry oci.AnnotationPauseLease grants,
@@ -44,7 +46,7 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	if !ok {
 		return s.TTRPCTaskService.Update(ctx, r)
 	}
-	if err := s.setLease(ctx, r.ID, v); err != nil {
+	if err := s.setLease(ctx, r.ID, v, r.Annotations[oci.AnnotationPauseLeaseExpiry]); err != nil {
 		return nil, wireError(err)
 	}
 	if r.Resources == nil || len(r.Resources.GetValue()) == 0 {
@@ -52,15 +54,17 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	}
 	rest := &taskAPI.UpdateTaskRequest{ID: r.ID, Resources: r.Resources, Annotations: map[string]string{}}
 	for k, a := range r.Annotations {
-		if k != oci.AnnotationPauseLease {
+		if k != oci.AnnotationPauseLease && k != oci.AnnotationPauseLeaseExpiry {
 			rest.Annotations[k] = a
 		}
 	}
 	return s.TTRPCTaskService.Update(ctx, rest)
 }
 
-// setLease grants or renews id's pause lease for the duration v, or releases it ("0").
-func (s *Service) setLease(ctx context.Context, id, v string) error {
+// setLease grants or renews id's pause lease for the duration v, or releases it ("0"); expiry
+// (oci.AnnotationPauseLeaseExpiry: "", "resume" or "kill") says what its end does to a task
+// still paused.
+func (s *Service) setLease(ctx context.Context, id, v, expiry string) error {
 	d, err := time.ParseDuration(v)
 	if v == "0" {
 		d, err = 0, nil
@@ -68,6 +72,12 @@ func (s *Service) setLease(ctx context.Context, id, v string) error {
 	if err != nil || d < 0 || d > MaxPauseLease {
 		return fmt.Errorf("annotation %s=%s: want a positive duration up to %s, or 0 to release: %w",
 			oci.AnnotationPauseLease, quote(v), MaxPauseLease, errdefs.ErrInvalidArgument)
+	}
+	switch expiry {
+	case "", oci.PauseLeaseResume, oci.PauseLeaseKill:
+	default:
+		return fmt.Errorf("annotation %s=%s: want %q or %q: %w",
+			oci.AnnotationPauseLeaseExpiry, quote(expiry), oci.PauseLeaseResume, oci.PauseLeaseKill, errdefs.ErrInvalidArgument)
 	}
 	l := &s.leases
 	l.mu.Lock()
@@ -83,15 +93,16 @@ func (s *Service) setLease(ctx context.Context, id, v string) error {
 	if l.byTask == nil {
 		l.byTask = map[string]*lease{}
 	}
-	nl := &lease{deadline: s.deps.Now().Add(d)}
+	nl := &lease{deadline: s.deps.Now().Add(d), kill: expiry == oci.PauseLeaseKill}
 	nl.timer = time.AfterFunc(d, func() { s.expireLease(id, nl) })
 	l.byTask[id] = nl
-	log.G(ctx).WithFields(log.Fields{"id": id, "lease": d}).Debug("pause lease granted")
+	log.G(ctx).WithFields(log.Fields{"id": id, "lease": d, "kill_at_expiry": nl.kill}).Debug("pause lease granted")
 	return nil
 }
 
 // expireLease ends lease l of task id: unless it was renewed or released since, or the task is
-// being checkpointed (then it is looked at again in leaseRetry), a task still paused is resumed.
+// being checkpointed (then it is looked at again in leaseRetry), a task still paused is resumed,
+// or killed when the lease was committed (oci.PauseLeaseKill).
 func (s *Service) expireLease(id string, l *lease) {
 	ls := &s.leases
 	ls.mu.Lock()
@@ -112,6 +123,17 @@ func (s *Service) expireLease(id string, l *lease) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", id))
 	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: id})
 	if err != nil || st.Status != task.Status_PAUSED {
+		return
+	}
+	if l.kill {
+		// the move was committed (its destination runs the container) and then died before it
+		// stopped this copy: the source must not run beside its destination
+		if _, err := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: id, Signal: 9, All: true}); err != nil {
+			log.G(ctx).WithError(err).Error("pause lease ended after the move was committed: killing the task failed")
+			return
+		}
+		_, _ = s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}) // a frozen task dies once thawed
+		log.G(ctx).Warn("pause lease ended after the move was committed (its destination runs the container): task killed")
 		return
 	}
 	if _, err := s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}); err != nil {

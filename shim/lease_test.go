@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -112,5 +113,60 @@ func TestPauseLease(t *testing.T) {
 		if !errdefs.IsInvalidArgument(errgrpc.ToNative(err)) {
 			t.Errorf("lease %q: %v, want InvalidArgument", bad, err)
 		}
+	}
+}
+
+// killStub is pausedStub that records kills and resumes in order: a committed lease must kill
+// the task (and may thaw it afterwards so it dies), never resume a live one.
+type killStub struct {
+	pausedStub
+	killed chan struct{}
+	order  []string
+}
+
+func (k *killStub) Kill(_ context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if r.Signal == 9 && r.All {
+		k.order = append(k.order, "kill")
+		close(k.killed)
+	}
+	return &ptypes.Empty{}, nil
+}
+
+func (k *killStub) Resume(context.Context, *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.order = append(k.order, "resume")
+	return &ptypes.Empty{}, nil
+}
+
+// TestPauseLeaseCommitted: once a move commits its lease (its destination runs the container), a
+// source still paused when the lease ends is killed, not resumed beside its destination; a bad
+// expiry value is refused.
+func TestPauseLeaseCommitted(t *testing.T) {
+	ctx := t.Context()
+	stub := &killStub{pausedStub: pausedStub{paused: true, resumed: make(chan struct{})}, killed: make(chan struct{})}
+	s := NewService(stub, Config{}, Deps{})
+	u := leaseUpdate("100ms")
+	u.Annotations[oci.AnnotationPauseLeaseExpiry] = oci.PauseLeaseKill
+	if _, err := s.Update(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stub.killed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a committed lease did not kill the paused source when it ended")
+	}
+	stub.mu.Lock()
+	order := slices.Clone(stub.order)
+	stub.mu.Unlock()
+	if order[0] != "kill" {
+		t.Fatalf("lease end did %v: a committed lease must kill before anything else", order)
+	}
+	bad := leaseUpdate("1s")
+	bad.Annotations[oci.AnnotationPauseLeaseExpiry] = "explode"
+	if _, err := s.Update(ctx, bad); !errdefs.IsInvalidArgument(errgrpc.ToNative(err)) {
+		t.Fatalf("expiry %q = %v, want InvalidArgument", "explode", err)
 	}
 }

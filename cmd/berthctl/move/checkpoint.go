@@ -73,8 +73,14 @@ func (s *Source) Resume(ctx context.Context) error {
 }
 
 // StopLease stops renewing the source's pause lease once the caller stopped the task (the move
-// succeeded); the lease is not released, so a task that somehow outlives it paused is resumed.
+// succeeded); the lease is not released, so a task that somehow outlives it paused is ended by
+// it (resumed, or killed once committed).
 func (s *Source) StopLease() { s.lease.stopRenewing() }
+
+// CommitLease tells the source's shim that the move is decided (the destination runs the
+// container): should this process die before it stops the source, the lease's end kills the
+// paused source instead of resuming it, so the two never run at once.
+func (s *Source) CommitLease(ctx context.Context) error { return s.lease.commit(ctx) }
 
 // Checkpoint pauses the container's task, has berth's shim dump it with CRIU into Dir/checkpoint
 // (no content store), saves the writable layer's changes as Dir/rootfs-diff.tar, the spec and the

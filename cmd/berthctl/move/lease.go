@@ -23,6 +23,8 @@ const DefaultPauseLease = 30 * time.Second
 type pauseLease struct {
 	task    containerd.Task
 	d       time.Duration
+	mu      sync.Mutex
+	expiry  string // oci.PauseLeaseResume until commit, then oci.PauseLeaseKill
 	stop    chan struct{}
 	stopped sync.Once
 	done    chan struct{}
@@ -31,10 +33,10 @@ type pauseLease struct {
 // holdLease grants task a pause lease of d and renews it until release. The task's runtime must
 // be berth's: another runtime refuses the update (the error says so).
 func holdLease(ctx context.Context, task containerd.Task, d time.Duration) (*pauseLease, error) {
-	if err := setLease(ctx, task, d); err != nil {
+	if err := setLease(ctx, task, d, oci.PauseLeaseResume); err != nil {
 		return nil, fmt.Errorf("grant the source a pause lease of %s (a task of berth's runtime resumes by itself when the move dies): %w", d, err)
 	}
-	l := &pauseLease{task: task, d: d, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &pauseLease{task: task, d: d, expiry: oci.PauseLeaseResume, stop: make(chan struct{}), done: make(chan struct{})}
 	go l.renew(context.WithoutCancel(ctx))
 	return l, nil
 }
@@ -48,11 +50,27 @@ func (l *pauseLease) renew(ctx context.Context) {
 		case <-l.stop:
 			return
 		case <-tick.C:
-			if err := setLease(ctx, l.task, l.d); err != nil {
+			l.mu.Lock()
+			expiry := l.expiry
+			l.mu.Unlock()
+			if err := setLease(ctx, l.task, l.d, expiry); err != nil {
 				log.G(ctx).WithError(err).Warn("renew the source's pause lease")
 			}
 		}
 	}
+}
+
+// commit switches the lease to kill the task at its end instead of resuming it: the move's
+// destination runs the container now, so a source left paused by a move that dies from here on
+// must not run beside it. nil-safe.
+func (l *pauseLease) commit(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	l.expiry = oci.PauseLeaseKill
+	l.mu.Unlock()
+	return setLease(ctx, l.task, l.d, oci.PauseLeaseKill)
 }
 
 // stopRenewing stops renewing the lease, which then ends by itself. nil-safe.
@@ -70,18 +88,20 @@ func (l *pauseLease) release(ctx context.Context) {
 		return
 	}
 	l.stopRenewing()
-	if err := setLease(context.WithoutCancel(ctx), l.task, 0); err != nil {
+	if err := setLease(context.WithoutCancel(ctx), l.task, 0, ""); err != nil {
 		log.G(ctx).WithError(err).Debug("release the source's pause lease")
 	}
 }
 
-// setLease grants, renews or (d 0) releases task's pause lease.
-func setLease(ctx context.Context, task containerd.Task, d time.Duration) error {
-	v := "0"
+// setLease grants, renews or (d 0) releases task's pause lease; expiry ("" when releasing) is
+// what the shim does to the task if it is still paused when the lease ends.
+func setLease(ctx context.Context, task containerd.Task, d time.Duration, expiry string) error {
+	a := map[string]string{oci.AnnotationPauseLease: "0"}
 	if d > 0 {
-		v = d.String()
+		a[oci.AnnotationPauseLease] = d.String()
+		a[oci.AnnotationPauseLeaseExpiry] = expiry
 	}
-	return task.Update(ctx, containerd.WithAnnotations(map[string]string{oci.AnnotationPauseLease: v}))
+	return task.Update(ctx, containerd.WithAnnotations(a))
 }
 
 // pausedHint is what to do about a source task found paused: a move that was interrupted left

@@ -106,6 +106,11 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		}
 		phase("resume-source")
 	} else {
+		// from here the destination serves: a source left paused by a migrate that dies now is
+		// killed by its lease, never resumed beside its destination
+		if err := src.CommitLease(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("commit the source's pause lease")
+		}
 		err := stopTask(ctx, o.Namespace, src.Task)
 		src.StopLease()
 		if err != nil {
