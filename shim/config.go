@@ -51,7 +51,9 @@ type Config struct {
 	GPU         string `toml:"gpu"`
 	FakeGPURoot string `toml:"fake_gpu_root"`
 	// NamespaceMappings allow restoring a checkpoint taken in one Kubernetes namespace into
-	// another, as "source:destination" entries. Default none: same namespace only.
+	// another, as "source:destination" entries; ":destination" allows checkpoints of containers
+	// outside Kubernetes into pods of destination. Default none: same namespace only, and no
+	// checkpoint from outside Kubernetes into any pod.
 	NamespaceMappings []string `toml:"namespace_mappings"`
 	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
 	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`

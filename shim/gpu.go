@@ -19,6 +19,7 @@ import (
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/devicemap"
 	"github.com/berth-dev/berth/gpu/topology"
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
@@ -375,6 +376,33 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) (dev
 	}
 	if len(devs) < len(st.Devices) {
 		return devicemap.Choice{}, mismatch("gpus", strconv.Itoa(len(st.Devices)), strconv.Itoa(len(devs)))
+	}
+	// A restore never gives a pod more than its spec grants: the GPUs a pod's spec names (the
+	// device plugin's, CDI's or berth-nri's allocation) are the only ones the map may use, and a
+	// pod whose spec names none gets none. Outside Kubernetes (ctr, berthctl restore: the node's
+	// operator), the spec is the source's, naming the source's GPUs, and the map chooses.
+	if spec.Annotations[oci.AnnotationCRISandboxNamespace] != "" {
+		granted, err := s.deps.GPU.ContainerGPUs(spec)
+		if err != nil {
+			return devicemap.Choice{}, fmt.Errorf("the GPUs the pod's spec grants: %w", err)
+		}
+		if len(granted) == 0 {
+			return devicemap.Choice{}, mismatch("gpus", strconv.Itoa(len(st.Devices)),
+				"0 granted to the pod (request them from the device plugin, CDI or berth.dev/gpus)")
+		}
+		if len(granted) != len(st.Devices) {
+			return devicemap.Choice{}, mismatch("gpus", strconv.Itoa(len(st.Devices)),
+				fmt.Sprintf("%d granted to the pod (%s)", len(granted), strings.Join(granted, ", ")))
+		}
+		var only []gpu.Device
+		for _, u := range granted {
+			d, ok := findDevice(devs, u)
+			if !ok {
+				return devicemap.Choice{}, fmt.Errorf("the pod's spec grants GPU %s, which is not on this node: %w", quote(u), gpu.ErrIllegalState)
+			}
+			only = append(only, d)
+		}
+		devs = only
 	}
 	choice, err := devicemap.Choose(s.deviceMapRequest(st, devs))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
@@ -258,22 +259,39 @@ func TestPlanGPURestore(t *testing.T) {
 		devs    []gpu.Device
 		want    string
 		wantErr []string
+		grant   string // GPUs the destination spec already names (GPUS=); "" none
+		pod     bool   // the destination is a Kubernetes pod (CRI sandbox namespace annotation)
 	}{
-		{"same GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 0), dev("GPU-a", "H200", 0)}, "GPU-a", nil},
-		{"mapped to the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0), dev("GPU-b", "H200", 0)}, "GPU-b", nil},
-		{"idle before busy of the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 5<<20), dev("GPU-y", "H200", 0)}, "GPU-y", nil},
-		{"own GPU full: an idle one of the model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 1<<30), dev("GPU-y", "H200", 0)}, "GPU-y", nil},
-		{"other model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0)}, "", []string{"gpu[0]", "H200", "A100"}},
-		{"fewer GPUs", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, nil, "", []string{"gpus", `"1"`, `"0"`}},
-		{"other driver", gpu.Versions{Driver: "575.51.03", DriverMajor: 575, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpu.driver", "580.65.06", "575.51.03"}},
-		{"other CUDA", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.9"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpu.cuda", "12.8", "12.9"}},
-		{"too little free memory", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 1<<30)}, "", []string{"gpu[0].memoryFree", "1048576 bytes needed", "0 bytes free"}},
+		{"same GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 0), dev("GPU-a", "H200", 0)}, "GPU-a", nil, "", false},
+		{"mapped to the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0), dev("GPU-b", "H200", 0)}, "GPU-b", nil, "", false},
+		{"idle before busy of the same model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "H200", 5<<20), dev("GPU-y", "H200", 0)}, "GPU-y", nil, "", false},
+		{"own GPU full: an idle one of the model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 1<<30), dev("GPU-y", "H200", 0)}, "GPU-y", nil, "", false},
+		{"other model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-x", "A100", 0)}, "", []string{"gpu[0]", "H200", "A100"}, "", false},
+		{"fewer GPUs", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, nil, "", []string{"gpus", `"1"`, `"0"`}, "", false},
+		{"other driver", gpu.Versions{Driver: "575.51.03", DriverMajor: 575, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpu.driver", "580.65.06", "575.51.03"}, "", false},
+		{"other CUDA", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.9"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpu.cuda", "12.8", "12.9"}, "", false},
+		{"too little free memory", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 1<<30)}, "", []string{"gpu[0].memoryFree", "1048576 bytes needed", "0 bytes free"}, "", false},
+		// a restore never gives more than the spec grants: the pod's own GPUs, or none
+		{"pod granted another GPU than its own", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0), dev("GPU-b", "H200", 0)}, "GPU-b", nil, "GPU-b", true},
+		{"pod granted a GPU of another model", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0), dev("GPU-x", "A100", 0)}, "", []string{"gpu[0]", "H200", "A100"}, "GPU-x", true},
+		{"pod granted its own GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0), dev("GPU-b", "H200", 0)}, "GPU-a", nil, "GPU-a", true},
+		{"pod granted no GPUs", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpus", "0 granted to the pod"}, "", true},
+		{"pod granted two GPUs for one", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0), dev("GPU-b", "H200", 0)}, "", []string{"gpus", "2 granted to the pod"}, "GPU-a,GPU-b", true},
+		{"outside Kubernetes the spec names the source's GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-b", "H200", 0)}, "GPU-b", nil, "GPU-a", false},
+		{"pod granted a GPU the node lacks", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"GPU-q", "not on this node"}, "GPU-q", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			drv := &scriptDriver{vers: tc.vers}
 			s := NewService(nil, DefaultConfig(), Deps{GPU: &scriptBackend{drv: drv, devs: tc.devs}})
-			spec := &specs.Spec{Process: &specs.Process{Env: []string{"GPUS=GPU-a"}}}
+			env := "X=1"
+			if tc.grant != "" {
+				env = "GPUS=" + tc.grant
+			}
+			spec := &specs.Spec{Process: &specs.Process{Env: []string{env}}}
+			if tc.pod {
+				spec.Annotations = map[string]string{oci.AnnotationCRISandboxNamespace: "team-a"}
+			}
 			choice, err := s.planGPURestore(spec, ckpt)
 			pairs := choice.Pairs
 			if len(tc.wantErr) > 0 {
@@ -285,7 +303,7 @@ func TestPlanGPURestore(t *testing.T) {
 						t.Errorf("error %q does not name %q", err, w)
 					}
 				}
-				if spec.Process.Env[0] != "GPUS=GPU-a" {
+				if spec.Process.Env[0] != env {
 					t.Errorf("spec changed by a refused restore: %v", spec.Process.Env)
 				}
 				return

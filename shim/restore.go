@@ -275,15 +275,22 @@ func (s *Service) checkProcesses(plan *restorePlan, spec *specs.Spec) error {
 // checkNamespace refuses to restore a checkpoint taken in one Kubernetes namespace (from, as its
 // signed manifest records it) into a pod of another (to), unless the shim config's
 // namespace_mappings allows "from:to": a checkpoint holds the process's memory, secrets
-// included. Checkpoints of containers outside Kubernetes, and restores outside Kubernetes, pass.
+// included. A checkpoint of a container outside Kubernetes (from "") restores into a pod only
+// when namespace_mappings allows ":to". Restores outside Kubernetes (to "") pass.
 func (s *Service) checkNamespace(dir, from, to string) error {
-	if from == "" || to == "" || from == to {
-		return nil
+	if to == "" || from == to {
+		return nil // not a pod (ctr, berthctl restore: the node's operator), or the same namespace
 	}
 	for _, m := range s.cfg.NamespaceMappings {
 		if m == from+":"+to {
 			return nil
 		}
+	}
+	if from == "" {
+		// a checkpoint of a container outside Kubernetes (ctr, nerdctl, berthctl migrate) holds
+		// that container's memory: no pod may take it unless the node says which namespace may
+		return mark(fmt.Errorf("checkpoint %s is of a container outside Kubernetes and may not be restored into a pod of namespace %q (allow it with namespace_mappings = [\":%s\"] in the shim config)",
+			dir, to, to), ErrNamespaceRefused)
 	}
 	return mark(fmt.Errorf("checkpoint %s was taken in Kubernetes namespace %q and may not be restored into namespace %q (allow it with namespace_mappings = [\"%s:%s\"] in the shim config)",
 		dir, from, to, from, to), ErrNamespaceRefused)

@@ -495,3 +495,56 @@ func TestHandshakeAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestUnauthenticatedFlood: peers without a certificate of the cluster's CA, however many open
+// connections and never finish their TLS handshake, hold none of the transfer slots: an
+// authenticated sender gets through at once, without a busy answer; beyond MaxHandshakes
+// connections in their handshake, new ones are closed unanswered.
+func TestUnauthenticatedFlood(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 64<<10)
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
+	root := t.TempDir()
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 2, MaxHandshakes: 16, HandshakeTimeout: 5 * time.Second}
+	addr, out := serve(t, r, serverTLS(t, recvFiles))
+	var flood []net.Conn
+	t.Cleanup(func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	})
+	for range 12 { // more than MaxConns, fewer than MaxHandshakes: silent, no ClientHello
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, c)
+	}
+	time.Sleep(100 * time.Millisecond) // all accepted
+	if _, err := sendTo(t, addr, clientTLS(t, sendFiles), src, "real"); err != nil {
+		t.Fatalf("an authenticated sender beside %d silent connections: %v", len(flood), err)
+	}
+	for d := next(t, out); ; d = next(t, out) {
+		if d.err == nil {
+			break
+		}
+		if errors.Is(d.err, ErrBusy) {
+			t.Fatalf("a connection was answered busy while only unauthenticated peers waited: %v", d.err)
+		}
+	}
+	// beyond MaxHandshakes: closed unanswered, the receiver stays up
+	for range 8 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, c)
+	}
+	closedUnanswered := false
+	for !closedUnanswered {
+		d := next(t, out)
+		closedUnanswered = errors.Is(d.err, ErrBusy) && strings.Contains(d.err.Error(), "in their TLS handshake")
+	}
+	assertRootClean(t, root, "real")
+}

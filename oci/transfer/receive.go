@@ -44,6 +44,8 @@ const (
 	DefaultTransferTimeout = 30 * time.Minute
 	// DefaultMaxConns is Receiver.MaxConns when zero.
 	DefaultMaxConns = 4
+	// DefaultMaxHandshakes is Receiver.MaxHandshakes when zero.
+	DefaultMaxHandshakes = 64
 	// DefaultReserveBytes is Receiver.ReserveBytes when zero, in bytes.
 	DefaultReserveBytes = 1 << 30
 
@@ -95,6 +97,12 @@ type Receiver struct {
 	// MaxConns is how many connections Serve handles at once; a connection beyond them is
 	// answered "busy" (the sender gets ErrBusy) and closed. 0 means DefaultMaxConns.
 	MaxConns int
+	// MaxHandshakes is how many connections may be in their TLS handshake at once (each for at
+	// most HandshakeTimeout) before Serve closes new ones unanswered; 0 means
+	// DefaultMaxHandshakes. A connection takes one of the MaxConns slots only once its mutual
+	// TLS handshake succeeded, so peers without a certificate of the cluster's CA cannot hold
+	// the slots that senders need.
+	MaxHandshakes int
 	// AllowedPeers, if not empty, limits senders to TLS peers whose verified certificate names
 	// one of these, exactly: a DNS, IP or URI subject alternative name, or the subject's common
 	// name. Others are refused after the TLS handshake (ErrPeerNotAllowed; the sender gets
@@ -147,9 +155,11 @@ var (
 
 // Serve accepts connections on ln and handles each (Handle) in its own goroutine, at most
 // MaxConns at a time, until ctx is done; then it closes ln, waits for the running transfers
-// (which ctx also aborts) and returns nil. A connection beyond MaxConns is answered "busy" at
-// once (after its TLS handshake, within HandshakeTimeout) and closed, so a sender never waits
-// in the backlog; beyond MaxConns more of those, it is closed unanswered. Each connection is
+// (which ctx also aborts) and returns nil. Each connection first completes its TLS handshake
+// (within HandshakeTimeout; at most MaxHandshakes at once, beyond which new connections are
+// closed unanswered) and only then takes a slot, so peers that cannot authenticate never hold
+// one. An authenticated connection beyond MaxConns is answered "busy" at once and closed, so a
+// sender never waits in the backlog; beyond MaxConns more of those, it is closed unanswered. Each connection is
 // closed after Handle returns, and its outcome reported to OnDone. ln comes from Listen (TLS
 // between nodes), or is any listener (a tls.NewListener's connections are handled the same).
 //
@@ -165,8 +175,13 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	if maxConns <= 0 {
 		maxConns = DefaultMaxConns
 	}
+	maxHandshakes := r.MaxHandshakes
+	if maxHandshakes <= 0 {
+		maxHandshakes = DefaultMaxHandshakes
+	}
 	slots := make(chan struct{}, maxConns)
-	busy := make(chan struct{}, maxConns) // connections being answered busy
+	busy := make(chan struct{}, maxConns)            // connections being answered busy
+	handshakes := make(chan struct{}, maxHandshakes) // connections in their TLS handshake
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -182,23 +197,35 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("transfer: accept: %w", err)
 		}
 		select {
-		case slots <- struct{}{}:
-			wg.Go(func() {
+		case handshakes <- struct{}{}:
+		default:
+			r.done(conn, "", fmt.Errorf("%w: %d connections in their TLS handshake: closed unanswered", ErrBusy, maxHandshakes), func() {})
+			continue
+		}
+		wg.Go(func() {
+			// the TLS handshake first, outside the slots: only an authenticated peer may
+			// take one (a plain connection, on loopback, has nothing to complete)
+			err := r.handshakeTLS(conn, time.Now().Add(r.handshakeTimeout()))
+			<-handshakes
+			if err != nil {
+				r.done(conn, "", err, func() {})
+				return
+			}
+			select {
+			case slots <- struct{}{}:
 				path, err := r.Handle(ctx, conn)
 				r.done(conn, path, err, func() { <-slots })
-			})
-			continue
-		default:
-		}
-		select {
-		case busy <- struct{}{}:
-			wg.Go(func() {
+				return
+			default:
+			}
+			select {
+			case busy <- struct{}{}:
 				err := r.answerBusy(ctx, conn, maxConns)
 				r.done(conn, "", err, func() { <-busy })
-			})
-		default:
-			r.done(conn, "", fmt.Errorf("%w: all %d slots in use, and %d busy answers: closed unanswered", ErrBusy, maxConns, maxConns), func() {})
-		}
+			default:
+				r.done(conn, "", fmt.Errorf("%w: all %d slots in use, and %d busy answers: closed unanswered", ErrBusy, maxConns, maxConns), func() {})
+			}
+		})
 	}
 }
 

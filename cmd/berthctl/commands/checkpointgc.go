@@ -245,7 +245,11 @@ func printStored(cmd *cobra.Command, list []stored, removed bool) {
 		}
 		total += s.Bytes
 	}
-	fmt.Fprintf(tw, "%d checkpoints\t\t\t%s\n", len(list), humanBytes(total))
+	noun := "checkpoints"
+	if len(list) == 1 {
+		noun = "checkpoint"
+	}
+	fmt.Fprintf(tw, "%d %s\t\t\t%s\n", len(list), noun, humanBytes(total))
 }
 
 // CheckpointRm is `berthctl checkpoint rm`.
