@@ -21,7 +21,7 @@ import (
 // Migrate is `berthctl migrate`: the source is the containerd of g unless --from names another.
 func Migrate(g *Globals) *cobra.Command {
 	var (
-		from, to, receiver, root, newID, workDir, name, logPath string
+		from, to, receiver, root, newID, workDir, name, logPath, mode string
 		leaveRunning, keep                                      bool
 		tf                                                      *tlsFlags
 		trust                                                   *trustFlags
@@ -67,6 +67,9 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			}
 			if newID == "" {
 				newID = id
+			}
+			if mode != modeCopy && mode != modeStored {
+				return fmt.Errorf("--mode %q: want %s or %s", mode, modeCopy, modeStored)
 			}
 			if receiver == "" && tf.files.Enabled() {
 				return fmt.Errorf("%s apply to --receiver: the receiver in this process listens on loopback", transfer.TLSFlags)
@@ -133,18 +136,22 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			send := func(ctx context.Context, dir, name string) (int64, error) {
 				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name)
 			}
-			res, err := move.Migrate(ctx, move.MigrateOptions{
+			mo := move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
 				Send: send, Sign: policy.Sign,
 				LeaveRunning: leaveRunning, LogPath: logPath,
-			})
+			}
+			if mode == modeCopy {
+				mo.Pages = pageRelay(addr, tf)
+			}
+			res, err := move.Migrate(ctx, mo)
 			if err != nil {
 				return err
 			}
 			r := newMigrateResult(res)
 			r.Container, r.ID, r.Namespace, r.From, r.To, r.Receiver, r.Checkpoint = id, newID, ns, from, to, addr, name
-			r.SignedBy = res.SignedBy
+			r.SignedBy, r.Mode = res.SignedBy, mode
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), r)
 			}
@@ -165,6 +172,7 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
+	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); stored: the whole checkpoint is written here, then sent")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, true, true)
 	output = addFormat(f, formatText, formatJSON)
@@ -192,8 +200,15 @@ type migrateResult struct {
 	// shim's as checkpoint/shim/NAME, its GPU steps included), then the move's (checkpoint,
 	// transfer, restore, stop-source or resume-source).
 	Phases []checkpoint.Phase `json:"phases"`
+	// Mode is copy or stored.
+	Mode string `json:"mode"`
 	// TotalMs is the sum of the move's phases (the checkpoint/... ones are inside "checkpoint").
 	TotalMs float64 `json:"totalMs"`
+	// DowntimeMs is the part of TotalMs before the destination serves (checkpoint, transfer,
+	// restore: the source is paused from the checkpoint's pause on); AfterMs the rest (stopping
+	// and removing the source, or resuming it), which is off the critical path.
+	DowntimeMs float64 `json:"downtimeMs"`
+	AfterMs    float64 `json:"afterMs"`
 	// CRIU is CRIU's dump statistics; GPU the container's GPU state (nil without GPUs).
 	CRIU checkpoint.CRIUStats `json:"criu"`
 	GPU  *checkpoint.GPUState `json:"gpu,omitempty"`
@@ -211,6 +226,11 @@ func newMigrateResult(res *move.MigrateResult) migrateResult {
 	for _, p := range res.Phases {
 		r.Phases = append(r.Phases, p)
 		r.TotalMs += p.Ms
+		if p.Name == "stop-source" || p.Name == "resume-source" {
+			r.AfterMs += p.Ms
+		} else {
+			r.DowntimeMs += p.Ms
+		}
 	}
 	return r
 }
@@ -225,6 +245,8 @@ func (r migrateResult) writeText(w io.Writer) {
 		fmt.Fprintf(w, "  %-32s %9.1f ms\n", p.Name, p.Ms)
 	}
 	fmt.Fprintf(w, "  %-32s %9.1f ms\n", "total", r.TotalMs)
+	fmt.Fprintf(w, "  %-32s %9.1f ms (source paused until the destination serves)\n", "downtime", r.DowntimeMs)
+	fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves)\n", "source teardown", r.AfterMs)
 }
 
 // targetFree returns an error when container id already exists in namespace ns of c: a move or

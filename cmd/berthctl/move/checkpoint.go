@@ -41,6 +41,12 @@ type CheckpointOptions struct {
 	// berth.sig beside it) and returns the key's id; "" with a nil error leaves it unsigned.
 	// nil: unsigned.
 	Sign func(ctx context.Context, dir string) (string, error)
+	// PageServer, when set, asks the shim for a copy-mode dump: CRIU sends the memory pages to
+	// this loopback ADDR:PORT (a transfer.PageRelay) instead of writing them into Dir.
+	// PageStream then returns the stream's digest and length once it ended; it goes into the
+	// manifest, under the signature.
+	PageServer string
+	PageStream func(ctx context.Context) (checkpoint.PageStream, error)
 }
 
 // Source is a checkpointed container on the source node.
@@ -116,6 +122,11 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 			os.RemoveAll(o.Dir)
 		}
 	}()
+	if o.PageServer != "" {
+		if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.PageServerRequestFile), []byte(o.PageServer+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	if err := task.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("pause %s: %w", o.ID, err)
 	}
@@ -142,6 +153,20 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	phase("shim-checkpoint")
+	var pages *checkpoint.PageStream
+	if o.PageServer != "" {
+		if err := os.Remove(filepath.Join(o.Dir, checkpoint.PageServerRequestFile)); err != nil {
+			return nil, err
+		}
+		if o.PageStream != nil {
+			ps, err := o.PageStream(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+			}
+			pages = &ps
+		}
+		phase("page-stream")
+	}
 
 	if info.SnapshotKey != "" {
 		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, checkpoint.RootfsDiffFile)); err != nil {
@@ -175,6 +200,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		Fingerprint: inner.Fingerprint,
 		CRIU:        inner.CRIU,
 		GPU:         inner.GPU,
+		PageStream:  pages,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	// the shim just digested the CRIU images: reuse those digests instead of reading the images again

@@ -37,6 +37,9 @@ type MigrateOptions struct {
 	LogPath string
 	// Sign signs the checkpoint (CheckpointOptions.Sign).
 	Sign func(ctx context.Context, dir string) (string, error)
+	// Pages, when set, makes the move copy mode (stream.go): it starts the page stream of
+	// checkpoint Name to the destination.
+	Pages func(ctx context.Context, name string) (PageRelay, error)
 }
 
 // MigrateResult reports a move.
@@ -67,7 +70,16 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		res.Phases = append(res.Phases, checkpoint.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
 		t = time.Now()
 	}
-	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign})
+	copts := CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign}
+	if o.Pages != nil {
+		relay, err := o.Pages(ctx, o.Name)
+		if err != nil {
+			return nil, err
+		}
+		defer relay.Close()
+		copts.PageServer, copts.PageStream = relay.Addr(), relay.Wait
+	}
+	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {
 		return nil, err
 	}

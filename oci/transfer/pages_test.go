@@ -1,0 +1,139 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// fakeCRIU writes a "criu" that, as `criu page-server --images-dir D --ps-socket 3 ...`, copies
+// the stream into D/pages-1.img and answers "ok" (a stand-in for CRIU's protocol answers).
+func fakeCRIU(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\ncat <&3 >\"$3/pages-1.img\" && printf ok >&3\n"
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// sendPages plays CRIU's page client: it streams data to the relay and reads the answer.
+func sendPages(t *testing.T, relay *PageRelay, data []byte) string {
+	t.Helper()
+	c, err := net.Dial("tcp", relay.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	var answer bytes.Buffer
+	_, _ = answer.ReadFrom(c)
+	return answer.String()
+}
+
+func TestPageStreamAdopted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("page"), 300000)
+	if got := sendPages(t, relay, data); got != "ok" {
+		t.Fatalf("the page server's answer did not come back through the relay: %q (receiver: %v)", got, wait(t, out).err)
+	}
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if want := checkpoint.DigestAlgorithm + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(len(data)) {
+		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, len(data))
+	}
+
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	for _, p := range []string{"pages-1.img", "pages-2.img"} { // copy mode: no page images at the source
+		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if o := wait(t, out); o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	final := filepath.Join(root, "c1")
+	if b, err := os.ReadFile(filepath.Join(final, "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("page image not adopted intact: %v", err)
+	}
+	assertRootClean(t, root, "c1")
+	m, err := checkpoint.ReadManifest(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stamped, err := checkpoint.VerifyStamped(final, m); err != nil || !stamped {
+		t.Fatalf("VerifyStamped = %v, %v; want the receiver's stamp to cover the page images", stamped, err)
+	}
+	if err := checkpoint.Verify(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
+		t.Fatalf("Verify without the stamp = %v, want ErrPagesUnverified", err)
+	}
+	if err := os.WriteFile(filepath.Join(final, "checkpoint", "pages-1.img"), []byte("tampered"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.VerifyStamped(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
+		t.Fatalf("VerifyStamped after a page image changed = %v, want ErrPagesUnverified", err)
+	}
+}
+
+func TestPageStreamDigestMismatchRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendPages(t, relay, []byte("the pages that arrived"))
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.Digest = checkpoint.DigestAlgorithm + hex.EncodeToString(make([]byte, 32)) // signed something else
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	// makeCheckpoint's own pages-*.img are listed files here; the stream's would collide, but
+	// the digest is checked first
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); !errors.Is(err, ErrRejected) {
+		t.Fatalf("Send = %v, want ErrRejected", err)
+	}
+	wait(t, out)
+	wait(t, out)
+	assertRootClean(t, root)
+}
