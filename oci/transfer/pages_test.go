@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
@@ -135,5 +136,33 @@ func TestPageStreamDigestMismatchRefused(t *testing.T) {
 	}
 	wait(t, out)
 	wait(t, out)
+	assertRootClean(t, root)
+}
+
+// TestPageStreamCut cuts the relay's connection mid-stream: the relay reports the cut (the move
+// fails and the source resumes), and the receiver keeps nothing.
+func TestPageStreamCut(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t), IdleTimeout: 300 * time.Millisecond})
+	conn := &cutConn{Conn: dial(t, addr), limit: 200 << 10}
+	relay, err := StartPageRelay(context.Background(), conn, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // CRIU's page client: the relay drops it when the link is cut
+		if c, err := net.Dial("tcp", relay.Addr()); err == nil {
+			_, _ = c.Write(bytes.Repeat([]byte("page"), 1<<20))
+			c.Close()
+		}
+	}()
+	if _, err := relay.Wait(context.Background()); !errors.Is(err, ErrPageStream) {
+		t.Fatalf("relay.Wait = %v, want ErrPageStream (cut)", err)
+	}
+	if o := wait(t, out); o.err == nil {
+		t.Fatal("receiver reported no error for a page stream nobody adopted")
+	}
 	assertRootClean(t, root)
 }
