@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +10,10 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/oci/transfer"
+	"github.com/berth-dev/berth/test/image"
+	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/scenario"
+	"github.com/berth-dev/berth/test/workload/client"
 )
 
 // TestMigrateInferenceCopyMode moves the inference workload mid-stream in copy mode: CRIU sends
@@ -62,4 +66,97 @@ func TestMigrateInferenceCopyMode(t *testing.T) {
 		t.Errorf("staging left in the destination's root: %v", left)
 	}
 	t.Logf("migrate (copy mode) took %v:\n%s", rep.MigrateWall, rep.MigrateOutput)
+}
+
+// copyFaultWorkload starts the workload holding mib MiB on n, so that its page stream lasts long
+// enough to be cut or lose its destination mid-way.
+func copyFaultWorkload(t *testing.T, ctx context.Context, n *node.Node, id string, mib int) *fltWorkload {
+	t.Helper()
+	_ = n.Remove(ctx, id)
+	pid, err := n.Run(ctx, node.RunOptions{ID: id, Image: image.WorkloadRef, LogPath: filepath.Join(n.Dir, id+".log"),
+		Args: []string{image.WorkloadBinary, "-listen", "127.0.0.1:8080", "-weights-mib", fmt.Sprint(mib), "-seed", "7", "-delay-ms", "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Remove(context.Background(), id) })
+	w := &fltWorkload{n: n, id: id, pid: pid, target: client.Target{BaseURL: "http://127.0.0.1:8080", DialContext: node.NetnsDialer(int(pid))}}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := client.WaitReady(wctx, w.target, 50*time.Millisecond); err != nil {
+		t.Fatalf("workload %s not ready: %v", id, err)
+	}
+	st, err := client.Stats(ctx, w.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.checksum = st.WeightsChecksum
+	return w
+}
+
+// pagesReceived returns the bytes of page images in root's page-stream staging directories.
+func pagesReceived(root string) int64 {
+	var n int64
+	files, _ := filepath.Glob(filepath.Join(root, transfer.StagingPrefix+"*", "pages-*.img"))
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// TestCopyModeFaults breaks copy-mode moves while the memory pages stream: the link to the
+// destination cut after 16 MiB of the page stream, and the destination's receiver killed once
+// 16 MiB of pages arrived. In both the move fails saying so, the source resumes (same process,
+// running, weights intact, still streaming), its checkpoint directory is removed, and the
+// destination holds no container and, once a receiver runs there again, nothing in its root.
+func TestCopyModeFaults(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, root string, migrate func(receiver string) (string, error)) (string, error)
+		want string
+	}{
+		{"link-cut", func(t *testing.T, root string, migrate func(string) (string, error)) (string, error) {
+			rcv := fltStartReceive(t, ctx, c, root)
+			return migrate(fltCutProxy(t, rcv.addr, 16<<20, nil))
+		}, "page stream"},
+		{"destination-killed", func(t *testing.T, root string, migrate func(string) (string, error)) (string, error) {
+			rcv := fltStartReceive(t, ctx, c, root)
+			go func() {
+				for ctx.Err() == nil && pagesReceived(root) < 16<<20 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				rcv.kill()
+			}()
+			out, err := migrate(rcv.addr)
+			// a receiver started again on the same root removes what the killed one left
+			again := fltStartReceive(t, ctx, c, root)
+			again.kill()
+			return out, err
+		}, "page stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "copyflt-" + tc.name
+			w := copyFaultWorkload(t, ctx, src, id, 256)
+			root := t.TempDir()
+			work := t.TempDir()
+			before := fltDstState(t, ctx, dst)
+			target, name := id+"-moved", id+"-ck"
+			out, err := tc.run(t, root, func(receiver string) (string, error) {
+				return fltBerthctl(ctx, c, "migrate", "--mode", "copy", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+					"--receiver", receiver, "--id", target, "--work-dir", work, "--name", name, id)
+			})
+			fltRequireErr(t, "berthctl migrate", out, err, "migrate "+id, tc.want)
+			w.requireServing(t, ctx)
+			fltRequireEmptyDir(t, work)
+			fltRequireDstClean(t, ctx, dst, before, []string{target}, name)
+			if left := fltList(t, root); len(left) > 0 {
+				t.Errorf("destination root %s holds %v after the failed move", root, left)
+			}
+		})
+	}
 }

@@ -42,6 +42,15 @@ The checkpoint is signed with this node's key (signing_key of --config, or --sig
 it leaves, and the receiver, in this process too, keeps it only when a key it trusts signed it;
 the destination's shim checks the signature again before it restores.
 
+--mode copy sends the memory pages from CRIU straight to the destination, never to this node's
+disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries the stream
+to the receiver on a connection of its own (mutual TLS like the checkpoint's) and hashes it; the
+receiver feeds it to a 'criu page-server' it runs on a socket of its own and hashes it again.
+The page stream's digest is signed with the rest of the checkpoint, and the receiver keeps the
+pages only when both digests agree (contrib/TRUST.md). --mode stored (the default) writes the
+whole checkpoint here first, then sends it. Either way the source is stopped only after the
+destination serves: downtime and the source's teardown are reported apart.
+
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
 resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.`,

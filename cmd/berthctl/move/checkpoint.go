@@ -147,6 +147,13 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	}
 	if _, err := c.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: o.ID, Options: opts}); err != nil {
 		err = errgrpc.ToNative(err)
+		if o.PageStream != nil { // copy mode: a broken page stream is the likelier cause; say how it ended
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if _, perr := o.PageStream(wctx); perr != nil && wctx.Err() == nil {
+				err = fmt.Errorf("%w (the page stream to the destination: %v)", err, perr)
+			}
+			cancel()
+		}
 		if strings.HasPrefix(err.Error(), "checkpoint "+o.ID+":") { // the shim named it already
 			return nil, err
 		}
