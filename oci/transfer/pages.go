@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -151,7 +152,7 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 		_, err := io.Copy(conn, ours)
 		back <- err
 	}()
-	n, cerr := io.Copy(ours, io.TeeReader(br, h))
+	n, cerr := readFrames(ours, br, h)
 	if cw, ok := ours.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
@@ -168,6 +169,66 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 		return "", n, fmt.Errorf("%w: criu page-server: %w%s", ErrPageStream, werr, logErrors(logFile))
 	}
 	return checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// The page stream travels in frames, so that a cut link is never taken for the stream's end: a
+// 4-byte big-endian length, then that many bytes of CRIU's stream; a frame of length 0 ends it.
+const maxFrame = 1 << 20
+
+// writeFrames copies CRIU's stream from r to w in frames, hashing it into h, and ends it with an
+// empty frame when r ends. It returns the stream's length.
+func writeFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	buf := make([]byte, 4+maxFrame)
+	var n int64
+	for {
+		k, rerr := r.Read(buf[4:])
+		if k > 0 {
+			h.Write(buf[4 : 4+k])
+			binary.BigEndian.PutUint32(buf[:4], uint32(k))
+			if _, err := w.Write(buf[:4+k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			binary.BigEndian.PutUint32(buf[:4], 0)
+			_, err := w.Write(buf[:4])
+			return n, err
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// readFrames copies a framed page stream from r to w, hashing it into h, up to its end frame;
+// a stream that ends before it was cut (io.ErrUnexpectedEOF).
+func readFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	var hdr [4]byte
+	var n int64
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, err
+		}
+		k := int64(binary.BigEndian.Uint32(hdr[:]))
+		if k == 0 {
+			return n, nil
+		}
+		if k > maxFrame {
+			return n, fmt.Errorf("%w: page stream frame of %d bytes", ErrProtocol, k)
+		}
+		m, err := io.CopyN(w, io.TeeReader(r, h), k)
+		n += m
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, err
+		}
+	}
 }
 
 // adoptPages moves the page images of checkpoint name's page stream into staging's CRIU image
@@ -341,7 +402,7 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 		back <- err
 	}()
 	var h hash.Hash = sha256.New()
-	n, err := io.Copy(conn, io.TeeReader(c, h))
+	n, err := writeFrames(conn, c, h)
 	if cw, ok := underlying(conn).(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
