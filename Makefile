@@ -23,9 +23,11 @@ deps:
 deps-k8s:
 	bash test/stack/k8s.sh
 
-## build: containerd-shim-berth-v2, berthctl, berth-nri into _output/bin
+## build: containerd-shim-berth-v2, berthctl, berth-nri into _output/bin, and kubectl-berth
+## (berthctl as a kubectl plugin: `kubectl berth move`)
 build:
 	$(GO) build -o $(OUT)/bin/ ./cmd/...
+	ln -sf berthctl $(OUT)/bin/kubectl-berth
 
 ## demo: two local containerd nodes, an inference workload streaming sessions, moved mid-stream
 demo: deps build

@@ -28,6 +28,7 @@ import (
 // the rootfs diff beside the images, build and write the manifest, restrict the checkpoint's
 // modes and sign it.
 func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
+	defer s.checkpointing(r.ID)() // a pause lease never resumes a task CRIU is dumping
 	st, err := s.checkpointable(ctx, r)
 	if err != nil {
 		return err
@@ -199,16 +200,7 @@ func (s *Service) dump(ctx context.Context, r *taskAPI.CheckpointTaskRequest, wo
 	if err == nil {
 		return known, nil
 	}
-	logPath := filepath.Join(workDir, checkpoint.DumpLogFile)
-	if tail := criuErrors(logPath, 4); tail != "" {
-		return nil, fmt.Errorf("%w; CRIU says: %s", err, tail)
-	}
-	if _, serr := os.Stat(logPath); serr != nil {
-		// CRIU stopped before it opened its log: it refused its options
-		return nil, fmt.Errorf("%w; CRIU wrote no log, so it refused its options: check criu_options in %s and the bundle's %s",
-			err, s.cfg.Path, criuConfigName)
-	}
-	return nil, err
+	return nil, s.explainDump(err, workDir)
 }
 
 // manifest builds the checkpoint's manifest (without its files): the container (with its

@@ -53,6 +53,27 @@ var (
 	// ErrBadReference: berth.dev/restore-from is too long or carries credentials
 	// (InvalidArgument).
 	ErrBadReference = errors.New("unusable restore-from reference")
+
+	// Causes of a failed CRIU dump or restore, told from CRIU's log and the spec (restorefail.go).
+
+	// ErrMountSource: a bind mount's source, or a file the checkpointed process held open on
+	// one, is missing on this node (FailedPrecondition).
+	ErrMountSource = errors.New("bind mount source missing on this node")
+	// ErrShmFile: the checkpointed process held a file on /dev/shm open that the container's
+	// /dev/shm here lacks (FailedPrecondition).
+	ErrShmFile = errors.New("open /dev/shm file missing on this node")
+	// ErrPIDInUse: a PID of the checkpoint is taken in the PID namespace the container joins
+	// (FailedPrecondition).
+	ErrPIDInUse = errors.New("checkpoint PID already in use")
+	// ErrOutOfMemory: the container's memory limit is below what the checkpoint holds, or CRIU
+	// was killed restoring it (ResourceExhausted).
+	ErrOutOfMemory = errors.New("memory limit below the checkpoint")
+	// ErrCRIUOptions: CRIU refused its options (criu_options, the bundle's CRIU configuration)
+	// before it wrote a log (InvalidArgument).
+	ErrCRIUOptions = errors.New("CRIU refused its options")
+	// ErrMissingCapability: this node's root lacks a capability CRIU needs (CAP_SYS_RESOURCE to
+	// read a non-root process's rlimits) (FailedPrecondition).
+	ErrMissingCapability = errors.New("CRIU lacks a capability on this node")
 )
 
 // mark returns err tagged with sentinel: its message is err's own, and errors.Is finds both err's
@@ -109,7 +130,11 @@ func errorClasses() []struct {
 		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, registry.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
 			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown,
-			ErrRootfsDiffTooLarge, ErrBadReference), errdefs.ErrInvalidArgument},
+			ErrRootfsDiffTooLarge, ErrBadReference, ErrCRIUOptions), errdefs.ErrInvalidArgument},
+		// the checkpoint does not fit this node's memory limit
+		{is(ErrOutOfMemory), errdefs.ErrResourceExhausted},
+		// this node lacks what the checkpoint's processes held: a file, a PID, a capability
+		{is(ErrMountSource, ErrShmFile, ErrPIDInUse, ErrMissingCapability), errdefs.ErrFailedPrecondition},
 		// the checkpoint is damaged, is not berth's, or does not fit this node
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,

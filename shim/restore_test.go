@@ -159,18 +159,3 @@ func TestLoadConfig(t *testing.T) {
 		}
 	}
 }
-
-func TestCRIUErrors(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "dump.log")
-	log := "(00.1) ok\n(00.2) Error (criu/sk-inet.c:137): inet: Unsupported proto 262\n(00.3) fine\n(00.4) Error (criu/cr-dump.c:1975): Dumping FAILED.\n"
-	if err := os.WriteFile(p, []byte(log), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	got := criuErrors(p, 4)
-	if !strings.Contains(got, "Unsupported proto 262") || !strings.Contains(got, "Dumping FAILED") || strings.Contains(got, "fine") {
-		t.Errorf("criuErrors = %q", got)
-	}
-	if criuErrors(filepath.Join(t.TempDir(), "none"), 4) != "" {
-		t.Error("missing log gives text")
-	}
-}

@@ -67,6 +67,8 @@ type Service struct {
 	// rootfs holds the root filesystem mounts of every task this shim created, from Create until
 	// Delete: Checkpoint writes the rootfs diff from the overlay's upper directory.
 	rootfs map[string][]mount.Mount
+	// leases are the tasks' pause leases (lease.go).
+	leases leases
 }
 
 // restoreStatus is where a task created from a checkpoint stands in the shim.
@@ -93,6 +95,9 @@ type restoredTask struct {
 	ownNetns bool
 	// stdin is the FIFO held open as the task's stdin (restoreStdio); nil for none. Delete closes it.
 	stdin *os.File
+	// criuWork is the CRIU work directory the caller's runc options name ("" for the bundle):
+	// a failed restore quotes and keeps CRIU's restore.log from there.
+	criuWork string
 }
 
 // close releases what the record holds: the plan's extracted archive and the stdin FIFO.
@@ -204,6 +209,11 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 			t.close()
 		}
 	}()
+	if plan != nil || r.Checkpoint != "" {
+		if err := checkRestoreFits(plan, spec); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
+	}
 	specChanged := false
 	if plan != nil && plan.manifest != nil && plan.manifest.GPU != nil {
 		// before anything is created: can this node take the checkpoint's GPUs?
@@ -233,6 +243,7 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 		return nil, nil
 	}
 	t.ownNetns = ownsNetns(spec)
+	t.criuWork = criuWorkPath(r)
 	if t.stdin, err = restoreStdio(r); err != nil {
 		return nil, err
 	}
@@ -329,7 +340,7 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 		resp, err = s.TTRPCTaskService.Start(ctx, r)
 		return errgrpc.ToNative(err)
 	}); err != nil {
-		return nil, err
+		return nil, s.explainRestore(ctx, r.ID, t, err)
 	}
 	if t.ownNetns {
 		if err := loopbackUp(int(resp.Pid)); err != nil {
@@ -404,6 +415,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		delete(s.tasks, r.ID)
 		delete(s.rootfs, r.ID)
 		s.mu.Unlock()
+		s.dropLease(r.ID)
 		if t != nil {
 			if t.plan != nil {
 				t.plan.cleanup()
@@ -478,22 +490,4 @@ func writeSpec(bundle string, spec *specs.Spec) error {
 		return fmt.Errorf("write bundle spec: %w", err)
 	}
 	return os.Rename(tmp, p)
-}
-
-// criuErrors returns the last n error lines of a CRIU log, joined with " | ", or "".
-func criuErrors(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var errs []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) > n {
-		errs = errs[len(errs)-n:]
-	}
-	return strings.Join(errs, " | ")
 }

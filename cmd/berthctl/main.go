@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -20,13 +21,21 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRoot(os.Getenv).ExecuteContext(ctx)
+	root := newRoot(os.Getenv)
+	if filepath.Base(os.Args[0]) == kubectlPlugin {
+		// kubectl's plugin convention: kubectl-berth on PATH is `kubectl berth`
+		root.Use = "kubectl berth"
+	}
+	err := root.ExecuteContext(ctx)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "berthctl:", err)
 		os.Exit(1)
 	}
 }
+
+// kubectlPlugin is berthctl's name as a kubectl plugin (a link or copy on PATH).
+const kubectlPlugin = "kubectl-berth"
 
 // The groups of the root's help, in the order they are listed.
 const (
@@ -71,6 +80,10 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		commands.CheckpointSelector(),
 		commands.CheckpointPush(g),
 		commands.CheckpointPull(g),
+		commands.CheckpointCheck(g),
+		commands.CheckpointLs(g),
+		commands.CheckpointRm(g),
+		commands.CheckpointGC(g),
 	)
 	for _, c := range []struct {
 		group string
@@ -82,6 +95,7 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		{groupNode, commands.Plan()},
 		{groupCheckpoints, checkpoint},
 		{groupMoves, commands.Migrate(g)},
+		{groupMoves, commands.Move(g)},
 		{groupMoves, commands.Send()},
 		{groupMoves, commands.Receive(g)},
 		{groupMoves, commands.Restore(g)},

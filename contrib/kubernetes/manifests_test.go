@@ -168,6 +168,8 @@ func TestRuntimeClass(t *testing.T) {
 var hostPathsAllowed = map[string]map[string]bool{
 	"berth-nri":    {"/var/run/nri": true, "/sys": false, "/dev": false},
 	"berth-labels": {featuresDir: true, "/usr": false},
+	// the checkpoint collector removes checkpoints there and nothing else
+	"berth-checkpoint-gc": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true},
 }
 
 func TestDaemonSetsLeastPrivilege(t *testing.T) {

@@ -316,6 +316,7 @@ func TestKubeInference(t *testing.T) {
 	if names := kubeTarNames(t, archive); !slices.Contains(names, "checkpoint/berth.json") {
 		t.Errorf("archive %s has no checkpoint/berth.json (berth's manifest): %v", archive, names)
 	}
+	kubeInspectVerify(t, ctx, c, dst, archive)
 	if out, err := exec.CommandContext(ctx, c.Stack.Tool("checkpointctl"), "show", archive).CombinedOutput(); err != nil {
 		t.Errorf("checkpointctl show %s: %v\n%s", archive, err, out)
 	}
@@ -380,35 +381,39 @@ func TestKubeInference(t *testing.T) {
 	})
 }
 
-// kubeSelector returns the node selector `berthctl checkpoint selector` prints for archive. A
-// berthctl that cannot read a kubelet archive directly is given the archive's checkpoint/
-// directory, extracted, which is what a user would do.
+// kubeSelector returns the node selector `berthctl checkpoint selector` prints for the kubelet's
+// archive, read in place (the shim's checkpoint/berth.json inside the tar).
 func kubeSelector(t *testing.T, ctx context.Context, c *node.KubeCluster, archive string) map[string]string {
 	t.Helper()
 	var v struct {
 		NodeSelector map[string]string `json:"nodeSelector"`
 	}
-	run := func(p string) error {
-		out, err := exec.CommandContext(ctx, c.Berthctl(), "checkpoint", "selector", "-o", "json", p).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("berthctl checkpoint selector %s: %w: %s", p, err, out)
-		}
-		return json.Unmarshal(out, &v)
+	out, err := exec.CommandContext(ctx, c.Berthctl(), "checkpoint", "selector", "-o", "json", archive).CombinedOutput()
+	if err != nil {
+		t.Fatalf("berthctl checkpoint selector %s: %v: %s", archive, err, out)
 	}
-	if err := run(archive); err != nil {
-		t.Logf("%v; reading the extracted checkpoint/ directory instead", err)
-		dir := t.TempDir()
-		if out, err := exec.CommandContext(ctx, "tar", "-xf", archive, "-C", dir, "checkpoint").CombinedOutput(); err != nil {
-			t.Fatalf("extract %s: %v %s", archive, err, out)
-		}
-		if err := run(filepath.Join(dir, "checkpoint")); err != nil {
-			t.Fatal(err)
-		}
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("berthctl checkpoint selector: %v: %s", err, out)
 	}
 	if len(v.NodeSelector) == 0 || v.NodeSelector["berth.dev/fingerprint"] == "" {
 		t.Fatalf("selector without berth.dev/fingerprint: %v", v.NodeSelector)
 	}
 	return v.NodeSelector
+}
+
+// kubeInspectVerify runs `berthctl checkpoint inspect --verify` on the kubelet's archive in place
+// with the configuration of node n (which trusts every node's key): the shim's signature and the
+// CRIU images' digests, read from the tar.
+func kubeInspectVerify(t *testing.T, ctx context.Context, c *node.KubeCluster, n *node.KubeNode, archive string) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, c.Berthctl(), "--config", n.ShimConfig(), "checkpoint", "inspect", "--verify", archive).CombinedOutput()
+	if err != nil {
+		t.Fatalf("berthctl checkpoint inspect --verify %s: %v\n%s", archive, err, out)
+	}
+	if !strings.Contains(string(out), "signed by") || !strings.Contains(string(out), "SHA256:") || !strings.Contains(string(out), "checkpoint/berth.json of a kubelet archive") {
+		t.Errorf("inspect --verify of the kubelet archive:\n%s", out)
+	}
+	t.Logf("berthctl checkpoint inspect --verify %s (on %s):\n%s", filepath.Base(archive), n.Name, out)
 }
 
 // kubeTarNames lists the entries of a tar archive.

@@ -22,7 +22,11 @@ func ContribDir() string { return filepath.Join(RepoRoot(), "contrib", "kubernet
 //   - berth-labels-daemonset.yaml is applied as it is: its node selector asks for NVIDIA GPU
 //     nodes, which this machine has none of, so it runs nowhere; labelNodes does its work;
 //   - restore-pod.yaml, an example whose image and selector are placeholders, is validated by the
-//     API server (server-side dry run) and not created.
+//     API server (server-side dry run) and not created;
+//   - berth-checkpoint-gc-daemonset.yaml is validated by the API server (server-side dry run) and
+//     not created: its host paths are the kubelet's fixed /var/lib/kubelet/checkpoints, which a
+//     node here keeps elsewhere (KubeNode.CheckpointDir); the cluster test runs its berthctl
+//     command with its policy over each node's directories instead.
 //
 // Then it waits until berth-nri is running and synchronized with containerd on every node.
 func (c *KubeCluster) applyContrib(ctx context.Context) error {
@@ -59,7 +63,7 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 			}
 			b = bytes.ReplaceAll(b, []byte(nriPublishedRef), []byte(NRIRef))
 			nriApplied = true
-		case "restore-pod.yaml":
+		case "restore-pod.yaml", "berth-checkpoint-gc-daemonset.yaml":
 			args = append(args, "--dry-run=server")
 		}
 		out, err := c.KubectlIn(ctx, bytes.NewReader(b), args...)

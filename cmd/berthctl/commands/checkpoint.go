@@ -37,27 +37,47 @@ func CheckpointInspect(g *Globals) *cobra.Command {
 		output *format
 	)
 	cmd := &cobra.Command{
-		Use:   "inspect [--verify] [-o text|json] DIR",
+		Use:   "inspect [--verify] [-o text|json] DIR|FILE.tar",
 		Short: "Show a checkpoint's manifest: container, fingerprint, CRIU statistics, sizes, phases",
 		Long: `inspect prints the checkpoint's berth.json. With --verify it first checks every file's size and
 digest and that berth.sig is the signature of a key this node trusts (signing_key and
-trusted_keys of --config, --trusted-key), and names the key.`,
+trusted_keys of --config, --trusted-key), and names the key.
+
+FILE.tar is read in place, never extracted: berth's archives, and the kubelet's checkpoint API
+archives (/var/lib/kubelet/checkpoints/*.tar), whose berth manifest is the one the shim wrote and
+signed beside the CRIU images (checkpoint/berth.json): --verify then checks that signature and
+the CRIU images' digests as the tar streams by; the rest of such an archive (rootfs-diff.tar,
+spec.dump, config.dump) is written by containerd after the shim signed and is not covered.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := checkpoint.ReadManifest(args[0])
+			archive, err := isArchive(args[0])
 			if err != nil {
 				return err
 			}
-			signedBy := ""
-			if verify {
-				if err := checkpoint.Verify(args[0], m); err != nil {
+			var (
+				m        *checkpoint.Manifest
+				a        *archiveManifest
+				signedBy string
+			)
+			if archive {
+				if a, err = readArchive(args[0]); err != nil {
 					return err
 				}
+				m = a.Manifest
+			} else if m, err = checkpoint.ReadManifest(args[0]); err != nil {
+				return err
+			}
+			if verify {
 				policy, err := trust.policy(g)
 				if err != nil {
 					return err
 				}
-				if signedBy, err = verifyCheckpoint(cmd.Context(), policy, args[0], cmd.ErrOrStderr()); err != nil {
+				if archive {
+					signedBy, err = verifyArchive(cmd.Context(), policy, args[0], a, cmd.ErrOrStderr())
+				} else if err = checkpoint.Verify(args[0], m); err == nil {
+					signedBy, err = verifyCheckpoint(cmd.Context(), policy, args[0], cmd.ErrOrStderr())
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -68,6 +88,9 @@ trusted_keys of --config, --trusted-key), and names the key.`,
 				signedBy = "unsigned or untrusted (accepted only because allow_unsigned is set)"
 			}
 			printManifest(cmd.OutOrStdout(), m, verify, signedBy)
+			if a != nil && a.Dir != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "manifest  %s/%s of a kubelet archive: its digests and signature cover %s\n", a.Dir, checkpoint.ManifestFile, a.covers())
+			}
 			return nil
 		},
 	}

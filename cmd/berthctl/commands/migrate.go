@@ -22,10 +22,11 @@ import (
 func Migrate(g *Globals) *cobra.Command {
 	var (
 		from, to, receiver, root, newID, workDir, name, logPath, mode string
-		leaveRunning, keep                                      bool
-		tf                                                      *tlsFlags
-		trust                                                   *trustFlags
-		output                                                  *format
+		leaveRunning, keep, keepFailed                                bool
+		pauseLease                                                    time.Duration
+		tf                                                            *tlsFlags
+		trust                                                         *trustFlags
+		output                                                        *format
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]] [-o text|json] CONTAINER",
@@ -53,7 +54,19 @@ destination serves: downtime and the source's teardown are reported apart.
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
-resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.`,
+resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.
+
+Before anything is paused, the destination is checked (the same preflight as 'berthctl checkpoint
+check'): the image with the source's digest, namespaces joined by path, the memory limit against
+the source's memory now and, when the destination is this host (no --receiver), every bind
+source, free memory, PIDs in a shared host PID namespace and free disk under --root. Each refusal
+names the field, its value and what the container needs. A failed move removes the checkpoint
+the in-process receiver wrote unless --keep-failed.
+
+The source holds a pause lease (--pause-lease, default 30s) from before it is paused until the
+move is decided, renewed while migrate runs: if migrate dies (SIGKILL included), berth's shim
+resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a paused source,
+'ctr -n NS tasks resume ID' resumes it at once.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
 			ctx := cmd.Context()
@@ -109,6 +122,14 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 			if err := targetFree(ctx, dst, ns, newID); err != nil {
 				return err
 			}
+			// the destination preflight, before anything is paused (move.Preflight)
+			need, err := move.NeedOfSource(ctx, src, ns, id)
+			if err != nil {
+				return err
+			}
+			if err := move.Preflight(ctx, move.Destination{Client: dst, Namespace: ns, Local: receiver == "", Root: root}, need); err != nil {
+				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
+			}
 			if name == "" {
 				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
 			}
@@ -149,13 +170,17 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
 				Send: send, Sign: policy.Sign,
-				LeaveRunning: leaveRunning, LogPath: logPath,
+				LeaveRunning: leaveRunning, LogPath: logPath, PauseLease: pauseLease,
 			}
 			if mode == modeCopy {
 				mo.Pages = pageRelay(addr, tf)
 			}
 			res, err := move.Migrate(ctx, mo)
 			if err != nil {
+				if receiver == "" && !keepFailed {
+					// the in-process receiver wrote it here: a failed move leaves no checkpoint behind
+					os.RemoveAll(filepath.Join(root, name))
+				}
 				return err
 			}
 			r := newMigrateResult(res)
@@ -180,6 +205,8 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 	f.StringVar(&name, "name", "", "checkpoint name in the destination root (default CONTAINER-TIMESTAMP)")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
+	f.DurationVar(&pauseLease, "pause-lease", move.DefaultPauseLease, "if this process dies mid-move, berth's shim resumes the paused source at most this long after its last renewal")
+	f.BoolVar(&keepFailed, "keep-failed", false, "keep the checkpoint received by the destination when the move fails (with the in-process receiver; a remote 'berthctl receive' keeps what it verified)")
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
 	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); stored: the whole checkpoint is written here, then sent")
 	tf = addTLSFlags(f)

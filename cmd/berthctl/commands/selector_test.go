@@ -166,7 +166,7 @@ func writeTar(t *testing.T, file string, files map[string]string, lastName, last
 func TestCheckpointSelectorErrors(t *testing.T) {
 	tmp := t.TempDir()
 	noManifest := filepath.Join(tmp, "none.tar")
-	writeTar(t, noManifest, map[string]string{"spec.dump": "{}", "checkpoint/berth.json": "{}"}, "", "")
+	writeTar(t, noManifest, map[string]string{"spec.dump": "{}", "checkpoint/pages-1.img": "x"}, "", "")
 	badManifest := filepath.Join(tmp, "bad.tar")
 	writeTar(t, badManifest, nil, "berth.json", `{"version": 99}`)
 	gz := filepath.Join(tmp, "ckpt.tar.gz")
@@ -184,7 +184,7 @@ func TestCheckpointSelectorErrors(t *testing.T) {
 		want string
 	}{
 		{"missing", []string{filepath.Join(tmp, "nope")}, "berthctl checkpoint pull"},
-		{"no manifest in archive", []string{noManifest}, "no top-level berth.json"},
+		{"no manifest in archive", []string{noManifest}, "no berth.json and no checkpoint/berth.json"},
 		{"bad manifest", []string{badManifest}, "version 99"},
 		{"gzip", []string{gz}, "gzip"},
 		{"dir without manifest", []string{emptyDir}, "berth.json"},

@@ -47,6 +47,10 @@ type CheckpointOptions struct {
 	// manifest, under the signature.
 	PageServer string
 	PageStream func(ctx context.Context) (checkpoint.PageStream, error)
+	// PauseLease, when positive, is a pause lease held on the task from before it is paused
+	// until the caller resumes or stops it (Source.Resume, Source.Release): berth's shim resumes
+	// the task by itself if this process dies meanwhile (oci.AnnotationPauseLease).
+	PauseLease time.Duration
 }
 
 // Source is a checkpointed container on the source node.
@@ -59,15 +63,30 @@ type Source struct {
 	Dir string
 	// SignedBy is the id of the key that signed it ("" when unsigned).
 	SignedBy string
+	// lease is the pause lease held on Task (nil without one).
+	lease *pauseLease
 }
 
-// Resume thaws a paused source task (leave-running, or a failed move).
+// Resume thaws a paused source task (leave-running, or a failed move) and releases its pause
+// lease.
 func (s *Source) Resume(ctx context.Context) error {
 	if s.Task == nil {
 		return nil
 	}
-	return s.Task.Resume(ctx)
+	err := s.Task.Resume(ctx)
+	s.lease.release(ctx)
+	return err
 }
+
+// StopLease stops renewing the source's pause lease once the caller stopped the task (the move
+// succeeded); the lease is not released, so a task that somehow outlives it paused is ended by
+// it (resumed, or killed once committed).
+func (s *Source) StopLease() { s.lease.stopRenewing() }
+
+// CommitLease tells the source's shim that the move is decided (the destination runs the
+// container): should this process die before it stops the source, the lease's end kills the
+// paused source instead of resuming it, so the two never run at once.
+func (s *Source) CommitLease(ctx context.Context) error { return s.lease.commit(ctx) }
 
 // Checkpoint pauses the container's task, has berth's shim dump it with CRIU into Dir/checkpoint
 // (no content store), saves the writable layer's changes as Dir/rootfs-diff.tar, the spec and the
@@ -101,6 +120,9 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if err != nil {
 		return nil, err
 	}
+	if isPaused(st.Status) {
+		return nil, fmt.Errorf("checkpoint %s: task is paused, not running (%s): %w", o.ID, pausedHint(o.Namespace, o.ID), errdefs.ErrFailedPrecondition)
+	}
 	if st.Status != containerd.Running {
 		return nil, fmt.Errorf("checkpoint %s: task is %s, not running: %w", o.ID, st.Status, errdefs.ErrFailedPrecondition)
 	}
@@ -126,6 +148,18 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.PageServerRequestFile), []byte(o.PageServer+"\n"), 0o600); err != nil {
 			return nil, err
 		}
+	}
+	var lease *pauseLease
+	if o.PauseLease > 0 && !o.Exit {
+		// before the pause: a kill between the pause and the grant must not strand the task
+		if lease, err = holdLease(ctx, task, o.PauseLease); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+		}
+		defer func() {
+			if retErr != nil {
+				lease.release(ctx)
+			}
+		}()
 	}
 	if err := task.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("pause %s: %w", o.ID, err)
@@ -235,7 +269,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if err := restrictModes(o.Dir); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
-	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy}
+	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy, lease: lease}
 	if o.Exit {
 		src.Task = nil
 	}

@@ -40,6 +40,10 @@ type MigrateOptions struct {
 	// Pages, when set, makes the move copy mode (stream.go): it starts the page stream of
 	// checkpoint Name to the destination.
 	Pages func(ctx context.Context, name string) (PageRelay, error)
+	// PauseLease is the pause lease held on the source while it is paused (CheckpointOptions):
+	// if this process dies mid-move, berth's shim resumes the source at most this long after the
+	// last renewal. 0 means DefaultPauseLease; negative, none.
+	PauseLease time.Duration
 }
 
 // MigrateResult reports a move.
@@ -70,7 +74,10 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		res.Phases = append(res.Phases, checkpoint.Phase{Name: name, Ms: float64(time.Since(t).Microseconds()) / 1000})
 		t = time.Now()
 	}
-	copts := CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign}
+	if o.PauseLease == 0 {
+		o.PauseLease = DefaultPauseLease
+	}
+	copts := CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign, PauseLease: o.PauseLease}
 	if o.Pages != nil {
 		relay, err := o.Pages(ctx, o.Name)
 		if err != nil {
@@ -111,7 +118,14 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		}
 		phase("resume-source")
 	} else {
-		if err := stopTask(ctx, o.Namespace, src.Task); err != nil {
+		// from here the destination serves: a source left paused by a migrate that dies now is
+		// killed by its lease, never resumed beside its destination
+		if err := src.CommitLease(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("commit the source's pause lease")
+		}
+		err := stopTask(ctx, o.Namespace, src.Task)
+		src.StopLease()
+		if err != nil {
 			return res, fmt.Errorf("restored on the destination, but stopping the source failed: %w", err)
 		}
 		// the container now lives on the destination: remove it (and its writable layer) here,

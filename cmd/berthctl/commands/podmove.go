@@ -1,0 +1,155 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-dev/berth/cmd/berthctl/kube"
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+// EnvKubeconfig is kubectl's list of kubeconfig files, read as kubectl reads it.
+const EnvKubeconfig = clientcmd.RecommendedConfigPathEnvVar
+
+// kubeFlags are kubectl's connection flags, with kubectl's meaning: --kubeconfig (else
+// $KUBECONFIG, else ~/.kube/config), --context, -n/--namespace (else the context's namespace).
+type kubeFlags struct {
+	kubeconfig, context, namespace string
+}
+
+func (k *kubeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+	cmd.Flags().StringVar(&k.context, "context", "", "kubeconfig context (default: the current context)")
+	// shadows berthctl's global -n (the containerd namespace): here it is the pod's, as in kubectl
+	cmd.Flags().StringVarP(&k.namespace, "namespace", "n", "", "the pod's Kubernetes namespace (default: the context's namespace)")
+}
+
+// client returns a clientset and the namespace, as kubectl resolves them.
+func (k *kubeFlags) client() (kubernetes.Interface, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = k.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubeconfig: %w", err)
+	}
+	ns := k.namespace
+	if ns == "" {
+		if ns, _, err = cc.Namespace(); err != nil {
+			return nil, "", fmt.Errorf("kubeconfig: %w", err)
+		}
+	}
+	cfg.UserAgent = "berthctl"
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+	}
+	return cs, ns, nil
+}
+
+// Move is `berthctl move` (also `kubectl berth move`, the same binary as the kubectl plugin
+// kubectl-berth).
+func Move(g *Globals) *cobra.Command {
+	var (
+		kf        kubeFlags
+		o         kube.Options
+		rootTmpl  string
+		kubeletTm string
+		output    *format
+	)
+	cmd := &cobra.Command{
+		Use:   "move POD [--to NODE] [-c CONTAINER] [-n NAMESPACE] [-o text|json]",
+		Short: "Move a running pod (runtimeClassName berth) to another Kubernetes node",
+		Long: `move moves a running pod of the berth runtime to another node through the Kubernetes API:
+
+  1. the kubelet checkpoint API on the pod's node, through the API server
+     (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER); the pod keeps running;
+  2. the node: --to NODE, else the first Ready node (by name) other than the source whose labels
+     match the checkpoint's selector ('berthctl checkpoint selector');
+  3. the kubelet's archive copied into that node's berth checkpoint root (--checkpoint-root);
+  4. a restore pod created from the source pod's spec, labels and annotations, with
+     berth.dev/restore-from naming the archive and a nodeSelector of the checkpoint's labels and
+     kubernetes.io/hostname, and waited for until Ready (--timeout);
+  5. the source pod deleted.
+
+It prints every phase's wall time as it ends (-o json: the result at the end). On any failure
+before the restore pod is Ready, the source pod keeps running and the restore pod and the copied
+archive are removed. A pod that a controller owns (ownerReferences) is refused: the controller
+would replace the deleted source with a fresh replica and not adopt the restored pod.
+
+The archive travels by a shared file system: --kubelet-checkpoints and --checkpoint-root are the
+source's kubelet checkpoint directory and the destination's checkpoint root as this machine sees
+them ({node} is replaced by the node's name), which holds where berthctl runs beside the nodes or
+with their directories mounted.
+
+kubeconfig: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context; -n is the pod's
+namespace, as kubectl's (here it is not containerd's namespace).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cs, ns, err := kf.client()
+			if err != nil {
+				return err
+			}
+			o.Namespace, o.Pod = ns, args[0]
+			root := rootTmpl
+			if root == "" {
+				if root, err = g.checkpointRoot(cmd.Flags(), ""); err != nil {
+					return err
+				}
+			}
+			kubelet := kube.RootTemplate(kubeletTm)
+			o.Selector = func(_ context.Context, node, archive string) (map[string]string, error) {
+				// the path as the kubelet named it, seen here in the node's directory
+				m, err := readArchiveManifest(filepath.Join(kubelet(node), filepath.Base(archive)))
+				if err != nil {
+					return nil, err
+				}
+				return fingerprint.Selector(m.Fingerprint), nil
+			}
+			o.Transfer = sharedArchive{kube.SharedFS{Root: kube.RootTemplate(root)}, kubelet}
+			if !output.json() {
+				fmt.Fprintf(cmd.OutOrStdout(), "moving pod %s/%s\n", ns, o.Pod)
+				o.Progress = func(p kube.Phase) { fmt.Fprintf(cmd.OutOrStdout(), "  %-32s %9.1f ms\n", p.Name, p.Ms) }
+			}
+			res, err := kube.Move(cmd.Context(), cs, o)
+			if err != nil {
+				if res != nil && output.json() {
+					_ = writeJSON(cmd.OutOrStdout(), res)
+				}
+				return err
+			}
+			if output.json() {
+				return writeJSON(cmd.OutOrStdout(), res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "  %-32s %9.1f ms\nmoved %s/%s (%s) -> %s/%s (%s), archive %s (%s)\n", "total", res.TotalMs,
+				ns, res.Pod, res.From, ns, res.Restored, res.To, res.Checkpoint, humanBytes(res.Bytes))
+			return nil
+		},
+	}
+	kf.add(cmd)
+	cmd.Flags().StringVar(&o.To, "to", "", "destination node (default: any other Ready node whose labels match the checkpoint)")
+	cmd.Flags().StringVarP(&o.Container, "container", "c", "", "the container to checkpoint (default: the pod's only container)")
+	cmd.Flags().StringVar(&o.Name, "name", "", "the restore pod's name (default: POD-mNNNNN)")
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", 5*time.Minute, "how long to wait for the restore pod to be Ready")
+	cmd.Flags().StringVar(&rootTmpl, "checkpoint-root", "", "the destination's berth checkpoint root as seen here, {node} for its name (default: checkpoint_root of --config)")
+	cmd.Flags().StringVar(&kubeletTm, "kubelet-checkpoints", DefaultKubeletCheckpointDir, "the source's kubelet checkpoint directory as seen here, {node} for its name")
+	output = addFormat(cmd.Flags(), formatText, formatJSON)
+	return cmd
+}
+
+// sharedArchive reads the kubelet's archive at its place in the source node's directory as seen
+// here.
+type sharedArchive struct {
+	kube.SharedFS
+	kubelet func(node string) string
+}
+
+func (s sharedArchive) Copy(ctx context.Context, src, archive, dst, name string) (int64, error) {
+	return s.SharedFS.Copy(ctx, src, filepath.Join(s.kubelet(src), filepath.Base(archive)), dst, name)
+}

@@ -1,0 +1,334 @@
+// Package kube moves a running pod of the berth runtime from one Kubernetes node to another
+// through the Kubernetes API, as a user could by hand: the kubelet checkpoint API (through the
+// API server's node proxy), the archive brought to the destination node, a restore pod created
+// from the source pod's spec with the berth.dev/restore-from annotation and a node selector, and
+// the source pod deleted once the restore pod is Ready.
+//
+// What does not belong here: reading checkpoint archives (package commands and oci/checkpoint),
+// the containerd side of moves (cmd/berthctl/move), kubeconfig flags (the command).
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// Sentinel errors.
+var (
+	// ErrOwned: the pod belongs to a controller (ownerReferences), which would replace a deleted
+	// source pod with a fresh one and not own the restored one.
+	ErrOwned = errors.New("pod is owned by a controller")
+	// ErrNotMovable: the pod cannot be moved as it is (not running, not the berth runtime, more
+	// than one container).
+	ErrNotMovable = errors.New("pod cannot be moved")
+	// ErrNoNode: no other node's labels match the checkpoint.
+	ErrNoNode = errors.New("no node matches the checkpoint")
+)
+
+// RuntimeClass is the RuntimeClass a movable pod runs with.
+const RuntimeClass = "berth"
+
+// hostnameLabel is the well-known node label the restore pod is pinned with.
+const hostnameLabel = "kubernetes.io/hostname"
+
+// Transfer brings a kubelet checkpoint archive from the source node to the destination's
+// checkpoint root.
+type Transfer interface {
+	// Copy makes the archive at path srcArchive on node src available on node dst under name (a
+	// file name in dst's checkpoint root) and returns the bytes moved.
+	Copy(ctx context.Context, src, srcArchive, dst, name string) (int64, error)
+	// Remove removes name from dst's checkpoint root (the rollback of Copy).
+	Remove(ctx context.Context, dst, name string) error
+}
+
+// Options of Move.
+type Options struct {
+	Namespace, Pod string
+	// Container is the container to checkpoint; "" for the pod's only container.
+	Container string
+	// To is the destination node; "" for any other Ready node whose labels match the checkpoint.
+	To string
+	// Name is the restore pod's name; "" for POD-<suffix>.
+	Name string
+	// Timeout bounds the wait for the restore pod to be Ready.
+	Timeout time.Duration
+	// Selector returns the node selector a restore of the archive at path needs (read on this
+	// machine through Transfer's view of the source node).
+	Selector func(ctx context.Context, node, archive string) (map[string]string, error)
+	Transfer Transfer
+	// Progress receives one line per phase as it ends; nil for none.
+	Progress func(Phase)
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Phase is one timed step of a move.
+type Phase = checkpoint.Phase
+
+// Result is what Move did.
+type Result struct {
+	Namespace string `json:"namespace"`
+	// Pod is the source pod (deleted), Restored the restore pod (Ready).
+	Pod      string `json:"pod"`
+	Restored string `json:"restored"`
+	From     string `json:"from"`
+	To       string `json:"to"`
+	// Archive is the kubelet's archive on the source node; Checkpoint its name in the
+	// destination's checkpoint root (the restore-from annotation).
+	Archive    string            `json:"archive"`
+	Checkpoint string            `json:"checkpoint"`
+	Bytes      int64             `json:"bytes"`
+	Selector   map[string]string `json:"nodeSelector"`
+	Phases     []Phase           `json:"phases"`
+	TotalMs    float64           `json:"totalMs"`
+}
+
+// Move moves the pod o.Namespace/o.Pod. On any error before the restore pod is Ready, the
+// source pod keeps running (the kubelet checkpoint API leaves it running), and what was made on
+// the destination (restore pod, copied archive) is removed.
+func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result, retErr error) {
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	res = &Result{Namespace: o.Namespace, Pod: o.Pod, Phases: []Phase{}}
+	phase := func(name string, t0 time.Time) {
+		p := Phase{Name: name, Ms: checkpoint.Millis(now().Sub(t0))}
+		res.Phases = append(res.Phases, p)
+		res.TotalMs += p.Ms
+		if o.Progress != nil {
+			o.Progress(p)
+		}
+	}
+	pods := cs.CoreV1().Pods(o.Namespace)
+
+	t0 := now()
+	src, err := pods.Get(ctx, o.Pod, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("move pod %s/%s: %w", o.Namespace, o.Pod, err)
+	}
+	container, err := checkMovable(src, o.Container)
+	if err != nil {
+		return nil, err
+	}
+	res.From = src.Spec.NodeName
+	phase("preflight", t0)
+
+	// the kubelet checkpoint API, through the API server's node proxy
+	t0 = now()
+	raw, err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/nodes", src.Spec.NodeName, "proxy", "checkpoint", o.Namespace, o.Pod, container).
+		Do(ctx).Raw()
+	if err != nil {
+		return nil, fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
+	}
+	var items struct {
+		Items []string `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &items); err != nil || len(items.Items) != 1 {
+		return nil, fmt.Errorf("kubelet checkpoint API on %s answered %.200q (%v); want one archive", src.Spec.NodeName, raw, err)
+	}
+	res.Archive = items.Items[0]
+	phase("checkpoint", t0)
+
+	t0 = now()
+	sel, err := o.Selector(ctx, src.Spec.NodeName, res.Archive)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s on %s: %w", res.Archive, src.Spec.NodeName, err)
+	}
+	if o.To == "" {
+		if o.To, err = pickNode(ctx, cs, sel, src.Spec.NodeName); err != nil {
+			return nil, err
+		}
+	} else if o.To == src.Spec.NodeName {
+		return nil, fmt.Errorf("%w: %s/%s already runs on %s", ErrNotMovable, o.Namespace, o.Pod, o.To)
+	}
+	res.To = o.To
+	res.Selector = maps.Clone(sel)
+	res.Selector[hostnameLabel] = o.To
+	phase("choose-node", t0)
+
+	t0 = now()
+	res.Checkpoint = fmt.Sprintf("%s-%s-%d.tar", o.Namespace, o.Pod, now().UnixNano())
+	if res.Bytes, err = o.Transfer.Copy(ctx, src.Spec.NodeName, res.Archive, o.To, res.Checkpoint); err != nil {
+		_ = o.Transfer.Remove(context.WithoutCancel(ctx), o.To, res.Checkpoint)
+		return nil, fmt.Errorf("bring %s from %s to %s: %w", res.Archive, src.Spec.NodeName, o.To, err)
+	}
+	copied := res.Checkpoint
+	defer func() {
+		if retErr != nil {
+			_ = o.Transfer.Remove(context.WithoutCancel(ctx), o.To, copied)
+		}
+	}()
+	phase("transfer", t0)
+
+	t0 = now()
+	rp := restorePod(src, o, res)
+	created, err := pods.Create(ctx, rp, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create restore pod %s/%s: %w", o.Namespace, rp.Name, err)
+	}
+	res.Restored = created.Name
+	defer func() {
+		if retErr != nil {
+			// the restore pod goes before its archive (deferred above) is removed
+			zero := int64(0)
+			_ = pods.Delete(context.WithoutCancel(ctx), created.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+	}()
+	if err := waitReady(ctx, cs, o.Namespace, created.Name, o.Timeout); err != nil {
+		return nil, err
+	}
+	phase("restore", t0)
+
+	t0 = now()
+	uid := src.UID
+	if err := pods.Delete(ctx, src.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+		// the restore pod runs: the move is done, the source must be deleted by hand
+		return res, fmt.Errorf("restored as %s/%s on %s, but deleting the source pod failed (delete it): %w", o.Namespace, created.Name, o.To, err)
+	}
+	phase("delete-source", t0)
+	return res, nil
+}
+
+// checkMovable returns the container to checkpoint, or why p cannot be moved.
+func checkMovable(p *corev1.Pod, container string) (string, error) {
+	id := p.Namespace + "/" + p.Name
+	if c := metav1.GetControllerOf(p); c != nil {
+		return "", fmt.Errorf("%w: %s is managed by %s %s, which would start a fresh replica when the source pod is deleted and would not adopt the restored one; move a pod without a controller (or scale the controller down and move its pod)",
+			ErrOwned, id, c.Kind, c.Name)
+	}
+	if len(p.OwnerReferences) > 0 {
+		return "", fmt.Errorf("%w: %s has ownerReferences (%s %s)", ErrOwned, id, p.OwnerReferences[0].Kind, p.OwnerReferences[0].Name)
+	}
+	if p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName != RuntimeClass {
+		return "", fmt.Errorf("%w: %s does not run with runtimeClassName %s (only berth's shim checkpoints and restores)", ErrNotMovable, id, RuntimeClass)
+	}
+	if p.Status.Phase != corev1.PodRunning || p.Spec.NodeName == "" {
+		return "", fmt.Errorf("%w: %s is %s, not Running", ErrNotMovable, id, p.Status.Phase)
+	}
+	if len(p.Spec.Containers) != 1 || len(p.Spec.InitContainers) > 0 {
+		return "", fmt.Errorf("%w: %s has %d containers and %d init containers; a restore pod restores one container", ErrNotMovable, id, len(p.Spec.Containers), len(p.Spec.InitContainers))
+	}
+	name := p.Spec.Containers[0].Name
+	if container != "" && container != name {
+		return "", fmt.Errorf("%w: %s has no container %s (it has %s)", ErrNotMovable, id, container, name)
+	}
+	return name, nil
+}
+
+// restorePod is the source pod's spec, unscheduled, with the restore-from annotation and the
+// selector; its labels (what Services select) and other annotations are the source's.
+func restorePod(src *corev1.Pod, o Options, res *Result) *corev1.Pod {
+	name := o.Name
+	if name == "" {
+		base := src.Name
+		if i := strings.LastIndex(base, "-m"); i > 0 && len(base)-i == 7 {
+			base = base[:i] // a pod moved before: keep the name from growing
+		}
+		name = fmt.Sprintf("%s-m%05d", base, time.Now().UnixNano()%100000)
+	}
+	spec := *src.Spec.DeepCopy()
+	spec.NodeName = ""
+	spec.NodeSelector = maps.Clone(res.Selector)
+	ann := maps.Clone(src.Annotations)
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[oci.AnnotationRestoreFrom] = res.Checkpoint
+	ann[AnnotationMovedFrom] = src.Namespace + "/" + src.Name + "@" + src.Spec.NodeName
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: src.Namespace,
+			Labels: maps.Clone(src.Labels), Annotations: ann,
+		},
+		Spec: spec,
+	}
+}
+
+// AnnotationMovedFrom records on a restore pod the pod it was moved from (namespace/name@node).
+const AnnotationMovedFrom = "berth.dev/moved-from"
+
+// pickNode returns the first Ready, schedulable node (by name) other than exclude whose labels
+// match sel.
+func pickNode(ctx context.Context, cs kubernetes.Interface, sel map[string]string, exclude string) (string, error) {
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+	if err != nil {
+		return "", fmt.Errorf("list nodes: %w", err)
+	}
+	var names []string
+	for _, n := range nodes.Items {
+		if n.Name == exclude || n.Spec.Unschedulable {
+			continue
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				names = append(names, n.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "", fmt.Errorf("%w: no Ready node but %s has the labels %v", ErrNoNode, exclude, sel)
+	}
+	slices.Sort(names)
+	return names[0], nil
+}
+
+// failedWaiting are the reasons of a waiting container that a restore does not recover from.
+var failedWaiting = []string{"CreateContainerError", "CreateContainerConfigError", "RunContainerError", "CrashLoopBackOff", "ErrImageNeverPull"}
+
+// waitReady waits until the pod is Ready, failing as soon as it cannot become Ready.
+func waitReady(ctx context.Context, cs kubernetes.Interface, ns, name string, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = 5 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					return nil
+				}
+			}
+			last = string(p.Status.Phase)
+			for _, s := range p.Status.ContainerStatuses {
+				if w := s.State.Waiting; w != nil && w.Reason != "" {
+					last += ": " + w.Reason + " " + w.Message
+					if slices.Contains(failedWaiting, w.Reason) {
+						return fmt.Errorf("restore pod %s/%s on %s: %s: %s", ns, name, p.Spec.NodeName, w.Reason, w.Message)
+					}
+				}
+				if t := s.State.Terminated; t != nil {
+					return fmt.Errorf("restore pod %s/%s on %s: container %s ended (%s, exit %d): %s", ns, name, p.Spec.NodeName, s.Name, t.Reason, t.ExitCode, t.Message)
+				}
+			}
+			if p.Status.Phase == corev1.PodFailed {
+				return fmt.Errorf("restore pod %s/%s failed: %s %s", ns, name, p.Status.Reason, p.Status.Message)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("restore pod %s/%s not Ready after %s (%s): %w", ns, name, timeout, last, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+func runningPod() *corev1.Pod {
+	rc := RuntimeClass
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "infer", Namespace: "ns", Labels: map[string]string{"app": "infer"}},
+		Spec: corev1.PodSpec{
+			RuntimeClassName: &rc, NodeName: "kube1",
+			NodeSelector: map[string]string{"kubernetes.io/hostname": "kube1"},
+			Containers:   []corev1.Container{{Name: "infer", Image: "img"}},
+		},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+func TestCheckMovable(t *testing.T) {
+	yes := true
+	for _, tc := range []struct {
+		name string
+		edit func(*corev1.Pod)
+		want error
+	}{
+		{"movable", func(*corev1.Pod) {}, nil},
+		{"controller", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "rs", Controller: &yes}}
+		}, ErrOwned},
+		{"owner", func(p *corev1.Pod) { p.OwnerReferences = []metav1.OwnerReference{{Kind: "Job", Name: "j"}} }, ErrOwned},
+		{"runc", func(p *corev1.Pod) { p.Spec.RuntimeClassName = nil }, ErrNotMovable},
+		{"pending", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }, ErrNotMovable},
+		{"two containers", func(p *corev1.Pod) { p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "b"}) }, ErrNotMovable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := runningPod()
+			tc.edit(p)
+			c, err := checkMovable(p, "")
+			if !errors.Is(err, tc.want) || (err == nil && c != "infer") {
+				t.Errorf("checkMovable = %q, %v; want %v", c, err, tc.want)
+			}
+		})
+	}
+	if _, err := checkMovable(runningPod(), "other"); !errors.Is(err, ErrNotMovable) {
+		t.Errorf("unknown container: %v", err)
+	}
+}
+
+func TestRestorePod(t *testing.T) {
+	src := runningPod()
+	res := &Result{Checkpoint: "ns-infer-1.tar", Selector: map[string]string{"berth.dev/fingerprint": "f", "kubernetes.io/hostname": "kube2"}}
+	p := restorePod(src, Options{}, res)
+	if p.Spec.NodeName != "" || p.Spec.NodeSelector["kubernetes.io/hostname"] != "kube2" || p.Spec.NodeSelector["berth.dev/fingerprint"] != "f" {
+		t.Errorf("spec: node %q selector %v", p.Spec.NodeName, p.Spec.NodeSelector)
+	}
+	if p.Annotations[oci.AnnotationRestoreFrom] != "ns-infer-1.tar" || p.Annotations[AnnotationMovedFrom] != "ns/infer@kube1" || p.Labels["app"] != "infer" {
+		t.Errorf("metadata: %v %v", p.Annotations, p.Labels)
+	}
+	if src.Spec.NodeSelector["kubernetes.io/hostname"] != "kube1" {
+		t.Error("the source pod's spec was changed")
+	}
+	again := restorePod(p, Options{}, res)
+	if len(again.Name) != len(p.Name) {
+		t.Errorf("a moved pod moved again is named %s (was %s)", again.Name, p.Name)
+	}
+}
+
+func TestPickNode(t *testing.T) {
+	node := func(name string, ready bool, l map[string]string) *corev1.Node {
+		st := corev1.ConditionFalse
+		if ready {
+			st = corev1.ConditionTrue
+		}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}}}}
+	}
+	match := map[string]string{"berth.dev/fingerprint": "f"}
+	cs := fake.NewClientset(node("kube1", true, match), node("kube2", false, match), node("kube3", true, match),
+		node("kube4", true, map[string]string{"berth.dev/fingerprint": "g"}))
+	if n, err := pickNode(context.Background(), cs, match, "kube1"); err != nil || n != "kube3" {
+		t.Errorf("pickNode = %q, %v; want kube3", n, err)
+	}
+	if _, err := pickNode(context.Background(), cs, map[string]string{"berth.dev/fingerprint": "g"}, "kube4"); !errors.Is(err, ErrNoNode) {
+		t.Errorf("pickNode without a match: %v", err)
+	}
+}

@@ -1,0 +1,390 @@
+package move
+
+import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	cgroupsv1 "github.com/containerd/cgroups/v3/cgroup1/stats"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+// Need is what restoring one container asks of its destination node: read from a checkpoint
+// (NeedOfCheckpoint) or, before a move pauses anything, from the running source container
+// (NeedOfSource).
+type Need struct {
+	// Image and ImageDigest are the container's image and its digest ("" when unknown).
+	Image, ImageDigest string
+	// Spec is the container's spec (bind mounts, memory limit, namespaces); nil when unknown.
+	Spec *specs.Spec
+	// MemoryBytes is the memory its processes hold: the checkpoint's pages, or the source's
+	// current usage.
+	MemoryBytes int64
+	// DiskBytes is what the checkpoint takes on the destination's disk.
+	DiskBytes int64
+	// PIDs are its processes' PIDs (needed free on the destination when the container shares
+	// the host's PID namespace).
+	PIDs []int
+	// Fingerprint is the fingerprint it was (or would be) taken against; nil: not compared.
+	Fingerprint *fingerprint.Fingerprint
+}
+
+// Destination is what the preflight reads of the destination node.
+type Destination struct {
+	// Client is the destination containerd; Namespace the containerd namespace of the restore.
+	Client    *containerd.Client
+	Namespace string
+	// Local says the destination's filesystem, /proc and CRIU are this host's (the destination
+	// containerd runs here): bind sources, free memory, PIDs, free disk under Root and the
+	// fingerprint are then checked; a remote destination is checked for its image only.
+	Local bool
+	// Root is the destination's checkpoint root (free disk); "" skips the disk check.
+	Root string
+	// Fingerprint returns the destination node's fingerprint; nil skips the comparison.
+	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
+	// ProcRoot is /proc (a test seam); "" means /proc.
+	ProcRoot string
+}
+
+// Refusal is one reason a destination cannot take a container: which field, its value there,
+// and the limit the container needs.
+type Refusal struct {
+	Field string `json:"field"`
+	Value string `json:"value"`
+	Limit string `json:"limit"`
+	// Fix says what to do.
+	Fix string `json:"fix,omitempty"`
+}
+
+func (r Refusal) String() string {
+	s := fmt.Sprintf("%s is %s, needs %s", r.Field, r.Value, r.Limit)
+	if r.Fix != "" {
+		s += " (" + r.Fix + ")"
+	}
+	return s
+}
+
+// ErrPreflight is what a PreflightError is: the destination cannot take the container
+// (errdefs.ErrFailedPrecondition).
+var ErrPreflight = fmt.Errorf("destination preflight refused: %w", errdefs.ErrFailedPrecondition)
+
+// PreflightError lists every refusal of a preflight.
+type PreflightError struct{ Refusals []Refusal }
+
+func (e *PreflightError) Error() string {
+	parts := make([]string, len(e.Refusals))
+	for i, r := range e.Refusals {
+		parts[i] = r.String()
+	}
+	return "the destination cannot take the container: " + strings.Join(parts, "; ")
+}
+
+func (e *PreflightError) Unwrap() error { return ErrPreflight }
+
+// Preflight checks, before the source is paused, that the destination can restore need: the
+// image (same digest), every bind source, the memory limit against the memory the container
+// holds, free memory, PID namespace, fingerprint (CRIU, kernel, CPU...) and free disk. It returns
+// nil, a *PreflightError naming each refused field with its value and the limit, or the error of
+// a check that could not run.
+func Preflight(ctx context.Context, dst Destination, need Need) error {
+	var refusals []Refusal
+	refuse := func(field, value, limit, fix string) {
+		refusals = append(refusals, Refusal{Field: field, Value: value, Limit: limit, Fix: fix})
+	}
+	ctx = namespaces.WithNamespace(ctx, dst.Namespace)
+	if need.Image != "" && dst.Client != nil {
+		img, err := dst.Client.GetImage(ctx, need.Image)
+		switch {
+		case errdefs.IsNotFound(err):
+			refuse("image", "absent", need.Image, "import the image on the destination first (namespace "+dst.Namespace+")")
+		case err != nil:
+			return fmt.Errorf("look up image %s on the destination: %w", need.Image, err)
+		case need.ImageDigest != "" && img.Target().Digest.String() != need.ImageDigest:
+			refuse("image "+need.Image+" digest", img.Target().Digest.String(), need.ImageDigest, "import the source's image")
+		}
+	}
+	if sp := need.Spec; sp != nil && sp.Linux != nil {
+		for _, ns := range sp.Linux.Namespaces {
+			if ns.Path != "" {
+				refuse("linux.namespaces["+string(ns.Type)+"].path", ns.Path, "none (a namespace of its own)",
+					"a namespace joined by path is the source node's and does not exist on the destination")
+			}
+		}
+	}
+	limit := specMemoryLimit(need.Spec)
+	if limit > 0 && need.MemoryBytes > limit {
+		refuse("linux.resources.memory.limit", strconv.FormatInt(limit, 10)+" bytes", ">= "+strconv.FormatInt(need.MemoryBytes, 10)+" bytes (the container's memory)",
+			"raise the limit, or CRIU is OOM-killed restoring it")
+	}
+	if !dst.Local {
+		return result(refusals)
+	}
+	proc := dst.ProcRoot
+	if proc == "" {
+		proc = "/proc"
+	}
+	if sp := need.Spec; sp != nil {
+		for i, m := range sp.Mounts {
+			if !isBindMount(m) {
+				continue
+			}
+			if _, err := os.Stat(m.Source); err != nil {
+				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), m.Source+" (missing)", "an existing path",
+					"create it on the destination with what it held on the source")
+			}
+		}
+		if hostPIDs(sp) {
+			for _, pid := range need.PIDs {
+				if _, err := os.Stat(filepath.Join(proc, strconv.Itoa(pid))); err == nil {
+					refuse("PID "+strconv.Itoa(pid), "in use in the host's PID namespace", "free",
+						"the container shares the host's PID namespace and CRIU restores each process with its own PID")
+				}
+			}
+		}
+	}
+	if need.MemoryBytes > 0 {
+		if avail, err := memAvailable(proc); err == nil && avail < need.MemoryBytes {
+			refuse("MemAvailable", strconv.FormatInt(avail, 10)+" bytes", ">= "+strconv.FormatInt(need.MemoryBytes, 10)+" bytes", "free memory on the destination")
+		}
+	}
+	if dst.Root != "" && need.DiskBytes > 0 {
+		var st unix.Statfs_t
+		dir := dst.Root
+		for {
+			if err := unix.Statfs(dir, &st); err == nil || dir == "/" {
+				break
+			}
+			dir = filepath.Dir(dir)
+		}
+		if free := int64(st.Bavail) * st.Bsize; free < need.DiskBytes {
+			refuse("free disk under "+dst.Root, strconv.FormatInt(free, 10)+" bytes", ">= "+strconv.FormatInt(need.DiskBytes, 10)+" bytes", "free disk on the destination")
+		}
+	}
+	if need.Fingerprint != nil && dst.Fingerprint != nil {
+		node, err := dst.Fingerprint(ctx)
+		if err != nil {
+			return fmt.Errorf("fingerprint of the destination: %w", err)
+		}
+		want := *need.Fingerprint
+		node.ImageDigest, node.GPUs = want.ImageDigest, want.GPUs // compared above / by the shim's device map
+		for _, m := range fingerprint.CompareAll(want, node) {
+			refuse("fingerprint "+m.Field, strconv.Quote(m.Node), strconv.Quote(m.Checkpoint)+" ("+string(m.Rule)+")", "restore on a node whose fingerprint matches")
+		}
+	}
+	return result(refusals)
+}
+
+func result(refusals []Refusal) error {
+	if len(refusals) == 0 {
+		return nil
+	}
+	return &PreflightError{Refusals: refusals}
+}
+
+// NeedOfSource is what the running container id (namespace ns of c) will need of a destination,
+// read before anything is paused: its image, spec, current memory usage (cgroup) as the memory
+// and the disk the checkpoint will take, and its processes' PIDs.
+func NeedOfSource(ctx context.Context, c *containerd.Client, ns, id string) (Need, error) {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	var n Need
+	ctr, err := c.LoadContainer(ctx, id)
+	if err != nil {
+		return n, fmt.Errorf("container %s in namespace %s: %w", id, ns, err)
+	}
+	info, err := ctr.Info(ctx)
+	if err != nil {
+		return n, err
+	}
+	n.Image = info.Image
+	if info.Image != "" {
+		if img, err := c.GetImage(ctx, info.Image); err == nil {
+			n.ImageDigest = img.Target().Digest.String()
+		}
+	}
+	if n.Spec, err = ctr.Spec(ctx); err != nil {
+		return n, fmt.Errorf("spec of %s: %w", id, err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return n, fmt.Errorf("container %s has no task: %w", id, err)
+	}
+	if m, err := task.Metrics(ctx); err == nil && m.Data != nil {
+		if v, err := typeurl.UnmarshalAny(m.Data); err == nil {
+			if st, ok := v.(*cgroupsv1.Metrics); ok && st.Memory != nil && st.Memory.Usage != nil {
+				n.MemoryBytes = int64(st.Memory.RSS + st.Memory.RSSHuge)
+				if n.MemoryBytes == 0 {
+					n.MemoryBytes = int64(st.Memory.Usage.Usage)
+				}
+			}
+		}
+	}
+	n.DiskBytes = n.MemoryBytes
+	if pids, err := task.Pids(ctx); err == nil {
+		for _, p := range pids {
+			n.PIDs = append(n.PIDs, int(p.Pid))
+		}
+	}
+	return n, nil
+}
+
+// NeedOfCheckpoint is what the checkpoint at path (a directory, or a tar archive of one, gzip
+// or not) needs of a destination: from its berth.json (image, memory pages, fingerprint, size)
+// and spec.dump.
+func NeedOfCheckpoint(p string) (Need, error) {
+	var n Need
+	files, err := readCheckpointFiles(p, checkpoint.ManifestFile, checkpoint.SpecFile, checkpoint.ImagesDir+"/"+checkpoint.ManifestFile)
+	if err != nil {
+		return n, err
+	}
+	mb := files[checkpoint.ManifestFile]
+	if mb == nil {
+		mb = files[checkpoint.ImagesDir+"/"+checkpoint.ManifestFile]
+	}
+	if mb == nil {
+		return n, fmt.Errorf("checkpoint %s: no %s: %w", p, checkpoint.ManifestFile, checkpoint.ErrMissingFile)
+	}
+	m, err := checkpoint.ParseManifest(mb)
+	if err != nil {
+		return n, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
+	n.Image, n.ImageDigest = m.Container.Image, m.Container.ImageDigest
+	n.MemoryBytes, n.DiskBytes = m.MemoryBytes(), m.ImageSize
+	if n.DiskBytes == 0 {
+		for _, f := range m.Files {
+			n.DiskBytes += f.Size
+		}
+	}
+	fp := m.Fingerprint
+	n.Fingerprint = &fp
+	if b := files[checkpoint.SpecFile]; b != nil {
+		var sp specs.Spec
+		if err := json.Unmarshal(b, &sp); err != nil {
+			return n, fmt.Errorf("checkpoint %s: %s: %w", p, checkpoint.SpecFile, err)
+		}
+		n.Spec = &sp
+	}
+	return n, nil
+}
+
+// readCheckpointFiles reads the named files (slash paths relative to the checkpoint) of the
+// checkpoint directory or archive at p; a file it lacks is absent from the map.
+func readCheckpointFiles(p string, names ...string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		for _, name := range names {
+			if b, err := os.ReadFile(filepath.Join(p, filepath.FromSlash(name))); err == nil {
+				out[name] = b
+			}
+		}
+		return out, nil
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint archive %s: %w", p, err)
+		}
+		defer gz.Close()
+		r = gz
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	tr := tar.NewReader(r)
+	for len(out) < len(names) {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint archive %s: %w", p, err)
+		}
+		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
+		if !want[name] || h.Typeflag != tar.TypeReg || h.Size > 64<<20 {
+			continue
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint archive %s: %s: %w", p, name, err)
+		}
+		out[name] = b
+	}
+	return out, nil
+}
+
+func specMemoryLimit(sp *specs.Spec) int64 {
+	if sp == nil || sp.Linux == nil || sp.Linux.Resources == nil || sp.Linux.Resources.Memory == nil ||
+		sp.Linux.Resources.Memory.Limit == nil || *sp.Linux.Resources.Memory.Limit <= 0 {
+		return 0
+	}
+	return *sp.Linux.Resources.Memory.Limit
+}
+
+func isBindMount(m specs.Mount) bool {
+	if m.Type == "bind" {
+		return true
+	}
+	for _, o := range m.Options {
+		if o == "bind" || o == "rbind" {
+			return true
+		}
+	}
+	return false
+}
+
+// hostPIDs reports whether sp shares the host's PID namespace (no pid namespace of its own).
+func hostPIDs(sp *specs.Spec) bool {
+	if sp.Linux == nil {
+		return true
+	}
+	for _, ns := range sp.Linux.Namespaces {
+		if ns.Type == specs.PIDNamespace {
+			return false
+		}
+	}
+	return true
+}
+
+// memAvailable is MemAvailable of proc/meminfo, in bytes.
+func memAvailable(proc string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(proc, "meminfo"))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no MemAvailable in %s/meminfo", proc)
+}

@@ -1,0 +1,174 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+// MaxPauseLease is the longest pause lease the shim grants.
+const MaxPauseLease = time.Hour
+
+// leaseRetry is how soon an expired lease is looked at again while the task is being
+// checkpointed (CRIU dumps a paused task: it is never resumed under it).
+const leaseRetry = time.Second
+
+// leases are the pause leases of the shim's tasks (oci.AnnotationPauseLease): a task still
+// paused when its lease ends is resumed, unless it is being checkpointed then. The zero value is
+// ready.
+type leases struct {
+	mu     sync.Mutex
+	byTask map[string]*lease
+	busy   map[string]int // tasks being checkpointed now
+}
+
+type lease struct {
+	deadline time.Time
+	timer    *time.Timer
+	// kill: at expiry a still paused task is killed, not resumed (oci.PauseLeaseKill)
+	kill bool
+}
+
+// Update updates the task. An update whose annotations carry oci.AnnotationPauseLease grants,
+// renews or ("0") releases the task's pause lease; when it carries no resources that is all it
+// does, otherwise runc updates the resources too. Errors are classified by errorClass.
+func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	v, ok := r.Annotations[oci.AnnotationPauseLease]
+	if !ok {
+		return s.TTRPCTaskService.Update(ctx, r)
+	}
+	if err := s.setLease(ctx, r.ID, v, r.Annotations[oci.AnnotationPauseLeaseExpiry]); err != nil {
+		return nil, wireError(err)
+	}
+	if r.Resources == nil || len(r.Resources.GetValue()) == 0 {
+		return &ptypes.Empty{}, nil
+	}
+	rest := &taskAPI.UpdateTaskRequest{ID: r.ID, Resources: r.Resources, Annotations: map[string]string{}}
+	for k, a := range r.Annotations {
+		if k != oci.AnnotationPauseLease && k != oci.AnnotationPauseLeaseExpiry {
+			rest.Annotations[k] = a
+		}
+	}
+	return s.TTRPCTaskService.Update(ctx, rest)
+}
+
+// setLease grants or renews id's pause lease for the duration v, or releases it ("0"); expiry
+// (oci.AnnotationPauseLeaseExpiry: "", "resume" or "kill") says what its end does to a task
+// still paused.
+func (s *Service) setLease(ctx context.Context, id, v, expiry string) error {
+	d, err := time.ParseDuration(v)
+	if v == "0" {
+		d, err = 0, nil
+	}
+	if err != nil || d < 0 || d > MaxPauseLease {
+		return fmt.Errorf("annotation %s=%s: want a positive duration up to %s, or 0 to release: %w",
+			oci.AnnotationPauseLease, quote(v), MaxPauseLease, errdefs.ErrInvalidArgument)
+	}
+	switch expiry {
+	case "", oci.PauseLeaseResume, oci.PauseLeaseKill:
+	default:
+		return fmt.Errorf("annotation %s=%s: want %q or %q: %w",
+			oci.AnnotationPauseLeaseExpiry, quote(expiry), oci.PauseLeaseResume, oci.PauseLeaseKill, errdefs.ErrInvalidArgument)
+	}
+	l := &s.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old := l.byTask[id]; old != nil {
+		old.timer.Stop()
+		delete(l.byTask, id)
+	}
+	if d == 0 {
+		log.G(ctx).WithField("id", id).Debug("pause lease released")
+		return nil
+	}
+	if l.byTask == nil {
+		l.byTask = map[string]*lease{}
+	}
+	nl := &lease{deadline: s.deps.Now().Add(d), kill: expiry == oci.PauseLeaseKill}
+	nl.timer = time.AfterFunc(d, func() { s.expireLease(id, nl) })
+	l.byTask[id] = nl
+	log.G(ctx).WithFields(log.Fields{"id": id, "lease": d, "kill_at_expiry": nl.kill}).Debug("pause lease granted")
+	return nil
+}
+
+// expireLease ends lease l of task id: unless it was renewed or released since, or the task is
+// being checkpointed (then it is looked at again in leaseRetry), a task still paused is resumed,
+// or killed when the lease was committed (oci.PauseLeaseKill).
+func (s *Service) expireLease(id string, l *lease) {
+	ls := &s.leases
+	ls.mu.Lock()
+	if ls.byTask[id] != l {
+		ls.mu.Unlock()
+		return
+	}
+	if ls.busy[id] > 0 {
+		l.timer.Reset(leaseRetry)
+		ls.mu.Unlock()
+		return
+	}
+	delete(ls.byTask, id)
+	ls.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", id))
+	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: id})
+	if err != nil || st.Status != task.Status_PAUSED {
+		return
+	}
+	if l.kill {
+		// the move was committed (its destination runs the container) and then died before it
+		// stopped this copy: the source must not run beside its destination
+		if _, err := s.TTRPCTaskService.Kill(ctx, &taskAPI.KillRequest{ID: id, Signal: 9, All: true}); err != nil {
+			log.G(ctx).WithError(err).Error("pause lease ended after the move was committed: killing the task failed")
+			return
+		}
+		_, _ = s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}) // a frozen task dies once thawed
+		log.G(ctx).Warn("pause lease ended after the move was committed (its destination runs the container): task killed")
+		return
+	}
+	if _, err := s.TTRPCTaskService.Resume(ctx, &taskAPI.ResumeRequest{ID: id}); err != nil {
+		log.G(ctx).WithError(err).Error("pause lease ended: resuming the task failed")
+		return
+	}
+	log.G(ctx).Warn("pause lease ended with the task still paused (the move that paused it is gone): task resumed")
+}
+
+// checkpointing marks id as being checkpointed until the returned function is called: its
+// pause lease does not resume it meanwhile.
+func (s *Service) checkpointing(id string) func() {
+	l := &s.leases
+	l.mu.Lock()
+	if l.busy == nil {
+		l.busy = map[string]int{}
+	}
+	l.busy[id]++
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		if l.busy[id]--; l.busy[id] <= 0 {
+			delete(l.busy, id)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// dropLease forgets id's pause lease (the task is deleted).
+func (s *Service) dropLease(id string) {
+	l := &s.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old := l.byTask[id]; old != nil {
+		old.timer.Stop()
+		delete(l.byTask, id)
+	}
+}

@@ -1,0 +1,172 @@
+package shim
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+
+	"github.com/berth-dev/berth/oci"
+)
+
+// pausedStub is a runc task service with one task, paused until resumed.
+type pausedStub struct {
+	taskAPI.TTRPCTaskService
+	mu      sync.Mutex
+	paused  bool
+	resumed chan struct{}
+}
+
+func (p *pausedStub) State(context.Context, *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := task.Status_RUNNING
+	if p.paused {
+		st = task.Status_PAUSED
+	}
+	return &taskAPI.StateResponse{Status: st}, nil
+}
+
+func (p *pausedStub) Resume(context.Context, *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	p.mu.Lock()
+	p.paused = false
+	p.mu.Unlock()
+	close(p.resumed)
+	return &ptypes.Empty{}, nil
+}
+
+func leaseUpdate(v string) *taskAPI.UpdateTaskRequest {
+	return &taskAPI.UpdateTaskRequest{ID: "t", Annotations: map[string]string{oci.AnnotationPauseLease: v}}
+}
+
+func TestPauseLease(t *testing.T) {
+	ctx := t.Context()
+	resumedWithin := func(s *pausedStub, d time.Duration) bool {
+		select {
+		case <-s.resumed:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	t.Run("expires", func(t *testing.T) {
+		stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+		s := NewService(stub, Config{}, Deps{})
+		if _, err := s.Update(ctx, leaseUpdate("100ms")); err != nil {
+			t.Fatal(err)
+		}
+		if !resumedWithin(stub, 2*time.Second) {
+			t.Fatal("a paused task was not resumed when its lease ended")
+		}
+	})
+	t.Run("renewed, then released", func(t *testing.T) {
+		stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+		s := NewService(stub, Config{}, Deps{})
+		for range 3 {
+			if _, err := s.Update(ctx, leaseUpdate("150ms")); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(80 * time.Millisecond)
+		}
+		if _, err := s.Update(ctx, leaseUpdate("0")); err != nil {
+			t.Fatal(err)
+		}
+		if resumedWithin(stub, 300*time.Millisecond) {
+			t.Fatal("a renewed, then released lease resumed the task")
+		}
+	})
+	t.Run("not while checkpointing", func(t *testing.T) {
+		stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+		s := NewService(stub, Config{}, Deps{})
+		done := s.checkpointing("t")
+		if _, err := s.Update(ctx, leaseUpdate("50ms")); err != nil {
+			t.Fatal(err)
+		}
+		if resumedWithin(stub, 300*time.Millisecond) {
+			t.Fatal("the lease resumed a task being checkpointed")
+		}
+		done()
+		if !resumedWithin(stub, 3*time.Second) {
+			t.Fatal("the lease did not resume the task once its checkpoint ended")
+		}
+	})
+	t.Run("deleted", func(t *testing.T) {
+		stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+		s := NewService(stub, Config{}, Deps{})
+		if _, err := s.Update(ctx, leaseUpdate("50ms")); err != nil {
+			t.Fatal(err)
+		}
+		s.dropLease("t")
+		if resumedWithin(stub, 200*time.Millisecond) {
+			t.Fatal("a dropped lease resumed the task")
+		}
+	})
+	for _, bad := range []string{"soon", "-1s", "2h"} {
+		_, err := NewService(&pausedStub{}, Config{}, Deps{}).Update(ctx, leaseUpdate(bad))
+		if !errdefs.IsInvalidArgument(errgrpc.ToNative(err)) {
+			t.Errorf("lease %q: %v, want InvalidArgument", bad, err)
+		}
+	}
+}
+
+// killStub is pausedStub that records kills and resumes in order: a committed lease must kill
+// the task (and may thaw it afterwards so it dies), never resume a live one.
+type killStub struct {
+	pausedStub
+	killed chan struct{}
+	order  []string
+}
+
+func (k *killStub) Kill(_ context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if r.Signal == 9 && r.All {
+		k.order = append(k.order, "kill")
+		close(k.killed)
+	}
+	return &ptypes.Empty{}, nil
+}
+
+func (k *killStub) Resume(context.Context, *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.order = append(k.order, "resume")
+	return &ptypes.Empty{}, nil
+}
+
+// TestPauseLeaseCommitted: once a move commits its lease (its destination runs the container), a
+// source still paused when the lease ends is killed, not resumed beside its destination; a bad
+// expiry value is refused.
+func TestPauseLeaseCommitted(t *testing.T) {
+	ctx := t.Context()
+	stub := &killStub{pausedStub: pausedStub{paused: true, resumed: make(chan struct{})}, killed: make(chan struct{})}
+	s := NewService(stub, Config{}, Deps{})
+	u := leaseUpdate("100ms")
+	u.Annotations[oci.AnnotationPauseLeaseExpiry] = oci.PauseLeaseKill
+	if _, err := s.Update(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stub.killed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a committed lease did not kill the paused source when it ended")
+	}
+	stub.mu.Lock()
+	order := slices.Clone(stub.order)
+	stub.mu.Unlock()
+	if order[0] != "kill" {
+		t.Fatalf("lease end did %v: a committed lease must kill before anything else", order)
+	}
+	bad := leaseUpdate("1s")
+	bad.Annotations[oci.AnnotationPauseLeaseExpiry] = "explode"
+	if _, err := s.Update(ctx, bad); !errdefs.IsInvalidArgument(errgrpc.ToNative(err)) {
+		t.Fatalf("expiry %q = %v, want InvalidArgument", "explode", err)
+	}
+}

@@ -1,0 +1,173 @@
+package e2e
+
+// Moves that fail before they pause, restores that name their cause, and a killed move that
+// never strands its source (issue 11, items 1, 2 and 5). Ids start with "xpl-".
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	ctroci "github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/test/image"
+	"github.com/berth-dev/berth/test/node"
+)
+
+// TestXplKilledMigrateSourceResumes SIGKILLs berthctl migrate while its source is paused (the
+// receiver stalls): the shim resumes the source by itself once the pause lease ends, and a
+// rerun meanwhile says how to see and resume the paused task.
+func TestXplKilledMigrateSourceResumes(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	w := fltStart(t, ctx, src, "xpl-k-src")
+	const lease = 6 * time.Second
+	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", t.TempDir(), "--name", "xpl-k",
+		"--receiver", fltFakeReceiver(t, 0, true), "--pause-lease", lease.String(), w.id}
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	fltNoErr(t, cmd.Start())
+	fltWaitStatus(t, ctx, src, w.id, containerd.Paused)
+	fltNoErr(t, cmd.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	_ = cmd.Wait()
+
+	// a rerun while it is paused: refused before anything, saying how to resume it
+	rerun, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", t.TempDir(), w.id)
+	fltRequireErr(t, "migrate of a paused source", rerun, err, "task is paused", "tasks resume "+w.id, "pause lease")
+
+	deadline := killed.Add(lease + 15*time.Second)
+	for {
+		_, st, err := src.TaskPID(ctx, w.id)
+		if err == nil && st == containerd.Running {
+			t.Logf("source resumed %v after migrate was killed (lease %v)", time.Since(killed).Round(100*time.Millisecond), lease)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("source %s still %q %v after migrate was SIGKILLed with a %v pause lease", w.id, st, time.Since(killed), lease)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.requireServing(t, ctx)
+}
+
+// TestXplMigratePreflight: a destination that cannot take the container refuses before the
+// source is paused, naming the field, the value and the limit (a bind source missing on the
+// destination, an image the destination lacks); nothing is left on the destination.
+func TestXplMigratePreflight(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	bindDir := t.TempDir()
+	const id = "xpl-p-src"
+	xplRun(t, ctx, src, id, bindDir, 0)
+	// the destination is this host: the bind source goes away (a node that lacks it)
+	fltNoErr(t, os.RemoveAll(bindDir))
+	before := fltDstState(t, ctx, dst)
+	ev := fltWatch(t, ctx, src, id)
+	out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--root", dst.CheckpointRoot, "--id", "xpl-p-moved", "--work-dir", t.TempDir(), "--name", "xpl-p", id)
+	fltRequireErr(t, "migrate with a bind source missing on the destination", out, err,
+		"nothing was paused", "mounts[", "(destination /xpl-data) is "+bindDir+" (missing), needs an existing path")
+	ev.requireUntouched(t)
+	fltRequireDstClean(t, ctx, dst, before, []string{"xpl-p-moved"}, "xpl-p")
+}
+
+// TestXplCheckpointCheck: `berthctl checkpoint check` accepts a checkpoint the destination can
+// take and refuses, field by field, one whose image it lacks (another namespace), then the shim
+// itself refuses a restore under a memory limit below the checkpoint and one whose bind source
+// is missing, before CRIU runs, naming the field, the value and the limit.
+func TestXplCheckpointCheck(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	w := fltStart(t, ctx, src, "xpl-c-src")
+	dir := fltMakeCheckpoint(t, ctx, w, dst, "xpl-c")
+
+	out, err := fltBerthctl(ctx, c, "-n", node.Namespace, "checkpoint", "check", "--on", dst.Socket, "--root", dst.CheckpointRoot, dir)
+	if err != nil || !strings.Contains(out, "ok: ") {
+		t.Errorf("checkpoint check of a checkpoint the destination can take: %v\n%s", err, out)
+	}
+	archive := fltWriteArchive(t, dir, filepath.Join(t.TempDir(), "xpl-c.tar"))
+	out, err = fltBerthctl(ctx, c, "-n", "xpl-elsewhere", "checkpoint", "check", "--on", dst.Socket, "--root", dst.CheckpointRoot, archive)
+	fltRequireErr(t, "checkpoint check on a namespace without the image", out, err, "refused: ", "image is absent, needs "+image.WorkloadRef)
+
+	// the shim's own refusals, before CRIU: memory limit, bind source
+	err = xplRestoreWithSpec(t, ctx, dst, "xpl-c-mem", "xpl-c", ctroci.WithMemoryLimit(1<<20))
+	fltRequireErr(t, "restore under a 1 MiB memory limit", errString(err), err,
+		"linux.resources.memory.limit is 1048576 bytes, below the", "bytes of memory pages", "raise the limit to at least")
+	missing := filepath.Join(t.TempDir(), "gone")
+	err = xplRestoreWithSpec(t, ctx, dst, "xpl-c-bind", "xpl-c", ctroci.WithMounts([]specs.Mount{{Destination: "/xpl-data", Source: missing, Type: "bind", Options: []string{"rbind"}}}))
+	fltRequireErr(t, "restore with a missing bind source", errString(err), err,
+		"(destination /xpl-data): bind source "+missing, "no such file or directory", "create it on this node")
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// xplRun runs the workload as id on n with dir bind-mounted at /xpl-data.
+func xplRun(t *testing.T, ctx context.Context, n *node.Node, id, dir string, _ int64) {
+	t.Helper()
+	_ = n.Remove(ctx, id)
+	cl, err := n.Client()
+	fltNoErr(t, err)
+	defer cl.Close()
+	ctx = namespaces.WithNamespace(ctx, node.Namespace)
+	img, err := cl.GetImage(ctx, image.WorkloadRef)
+	fltNoErr(t, err)
+	ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshot(id, img),
+		containerd.WithRuntime(oci.RuntimeName, nil), containerd.WithNewSpec(ctroci.WithImageConfig(img),
+			ctroci.WithProcessArgs(image.WorkloadBinary, "-listen", "127.0.0.1:8080", "-weights-mib", "8"),
+			ctroci.WithMounts([]specs.Mount{{Destination: "/xpl-data", Source: dir, Type: "bind", Options: []string{"rbind"}}})))
+	fltNoErr(t, err)
+	t.Cleanup(func() { _ = n.Remove(context.Background(), id) })
+	task, err := ctr.NewTask(ctx, cio.NullIO)
+	fltNoErr(t, err)
+	fltNoErr(t, task.Start(ctx))
+}
+
+// xplRestoreWithSpec creates id on n restored from checkpoint name (berth.dev/restore-from) with
+// the workload image's spec changed by opts, as a pod's spec would be, and returns the error of
+// its task's creation or start; nothing of it is left.
+func xplRestoreWithSpec(t *testing.T, ctx context.Context, n *node.Node, id, name string, opts ...ctroci.SpecOpts) error {
+	t.Helper()
+	_ = n.Remove(ctx, id)
+	cl, err := n.Client()
+	fltNoErr(t, err)
+	defer cl.Close()
+	ctx = namespaces.WithNamespace(ctx, node.Namespace)
+	img, err := cl.GetImage(ctx, image.WorkloadRef)
+	fltNoErr(t, err)
+	all := append([]ctroci.SpecOpts{ctroci.WithImageConfig(img), ctroci.WithAnnotations(map[string]string{oci.AnnotationRestoreFrom: name})}, opts...)
+	ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshot(id, img),
+		containerd.WithRuntime(oci.RuntimeName, nil), containerd.WithNewSpec(all...))
+	fltNoErr(t, err)
+	defer func() { _ = n.Remove(context.Background(), id) }()
+	task, err := ctr.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		return err
+	}
+	return task.Start(ctx)
+}
