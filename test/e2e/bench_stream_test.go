@@ -72,6 +72,17 @@ func BenchmarkStream(b *testing.B) {
 			fmt.Printf("%8d %9s %9s %9s %9s %10.2f %12.2f %10.2f %11.0f ms %9.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.stored), ms(r.copy),
 				ratio(r.copy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), r.copyReported, r.copyAfter)
 		}
+		// the curve, drawn from these results: BERTH_BENCH_PLOT names the file (default
+		// _output/bench-stream.png in the repository)
+		plotPath := os.Getenv("BERTH_BENCH_PLOT")
+		if plotPath == "" {
+			plotPath = filepath.Join("..", "..", "_output", "bench-stream.png")
+		}
+		if err := plotStream(rows, plotPath); err != nil {
+			b.Logf("no plot: %v", err)
+		} else {
+			fmt.Println("plot:", plotPath)
+		}
 	}
 }
 
