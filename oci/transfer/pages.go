@@ -123,6 +123,9 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 // page server's answers back to conn. It returns the stream's digest and length once the source
 // ended the stream and the page server exited; its log's last errors if it failed.
 func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string) (string, int64, error) {
+	// Handle bounded the greeting's write by the handshake deadline: the page server's answers
+	// come back over this connection for as long as the stream lasts
+	_ = conn.SetWriteDeadline(time.Time{})
 	ours, theirs, err := loopbackPair()
 	if err != nil {
 		return "", 0, err
@@ -399,6 +402,8 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 	back := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(c, conn)
+		// the receiver ended the stream: CRIU, perhaps waiting for an answer, must see it end
+		_ = c.(*net.TCPConn).CloseWrite()
 		back <- err
 	}()
 	var h hash.Hash = sha256.New()

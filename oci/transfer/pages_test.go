@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,10 +18,13 @@ import (
 
 // fakeCRIU writes a "criu" that, as `criu page-server --images-dir D --ps-socket 3 ...`, copies
 // the stream into D/pages-1.img and answers "ok" (a stand-in for CRIU's protocol answers).
-func fakeCRIU(t *testing.T) string {
+func fakeCRIU(t *testing.T) string { return fakeCRIUSlow(t, 0) }
+
+// fakeCRIUSlow is fakeCRIU answering only after delay seconds.
+func fakeCRIUSlow(t *testing.T, delay float64) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "criu")
-	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\ncat <&3 >\"$3/pages-1.img\" && printf ok >&3\n"
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\ncat <&3 >\"$3/pages-1.img\" && sleep %g && printf ok >&3\n", delay)
 	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +53,8 @@ func TestPageStreamAdopted(t *testing.T) {
 		t.Skip("the relay accepts only root's CRIU")
 	}
 	root := filepath.Join(t.TempDir(), "root")
-	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	// the page server answers after the handshake deadline: a stream may outlast it (1 GiB did)
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIUSlow(t, 0.5), HandshakeTimeout: 200 * time.Millisecond})
 	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
 	if err != nil {
 		t.Fatal(err)

@@ -360,11 +360,21 @@ func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib in
 		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	d := w.wait(ctx, b)
-	var res struct{ DowntimeMs, AfterMs float64 }
+	var res struct {
+		DowntimeMs, AfterMs float64
+		Phases              []struct {
+			Name string
+			Ms   float64
+		}
+	}
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		b.Fatalf("migrate's JSON: %v\n%s", err, stdout.String())
 	}
-	b.Logf("%s %d MiB: client downtime %v, migrate downtimeMs %.0f afterMs %.0f", mode, mib, d, res.DowntimeMs, res.AfterMs)
+	var phases []string
+	for _, p := range res.Phases {
+		phases = append(phases, fmt.Sprintf("%s %.0f", p.Name, p.Ms))
+	}
+	b.Logf("%s %d MiB: client downtime %v, migrate downtimeMs %.0f afterMs %.0f; phases (ms): %s", mode, mib, d, res.DowntimeMs, res.AfterMs, strings.Join(phases, ", "))
 	_ = dst.Remove(ctx, destID)
 	_ = src.Remove(ctx, id)
 	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
