@@ -207,6 +207,7 @@ func writeFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
 // readFrames copies a framed page stream from r to w, hashing it into h, up to its end frame;
 // a stream that ends before it was cut (io.ErrUnexpectedEOF).
 func readFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	buf := make([]byte, maxFrame) // whole frames: one read, one hash and one write each
 	var hdr [4]byte
 	var n int64
 	for {
@@ -216,21 +217,24 @@ func readFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
 			}
 			return n, err
 		}
-		k := int64(binary.BigEndian.Uint32(hdr[:]))
+		k := int(binary.BigEndian.Uint32(hdr[:]))
 		if k == 0 {
 			return n, nil
 		}
 		if k > maxFrame {
 			return n, fmt.Errorf("%w: page stream frame of %d bytes", ErrProtocol, k)
 		}
-		m, err := io.CopyN(w, io.TeeReader(r, h), k)
-		n += m
-		if err != nil {
+		if _, err := io.ReadFull(r, buf[:k]); err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
 			return n, err
 		}
+		h.Write(buf[:k])
+		if _, err := w.Write(buf[:k]); err != nil {
+			return n, err
+		}
+		n += int64(k)
 	}
 }
 
