@@ -8,11 +8,11 @@ GOTEST_FLAGS ?= -count=1 -timeout 40m
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all deps deps-k8s build demo test bench vet lint clean gpu-check-bundle
+.PHONY: all deps deps-k8s build demo demo-k8s test bench vet lint clean gpu-check-bundle
 
 all: build
 
-## deps: install the real stack (containerd, runc, CRIU, crictl, CNI) into a cached prefix
+## deps: install the real stack (containerd, runc, CRIU, crictl, CNI, nerdctl) into a cached prefix
 deps:
 	bash test/stack/install.sh
 
@@ -33,12 +33,17 @@ build:
 demo: deps build
 	$(GO) run ./test/cmd/berth-demo
 
+## demo-k8s: the same move on a real two-node Kubernetes cluster: a RuntimeClass berth pod
+## streaming sessions, `kubectl berth move` mid-stream to the other node
+demo-k8s: deps deps-k8s build
+	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) run ./test/cmd/berth-demo-k8s
+
 ## test: go vet, staticcheck and every test, integration tests on the real stack included (needs root)
 test: deps deps-k8s build vet lint
 	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) test $(GOTEST_FLAGS) ./...
 
 ## bench: benchmarks printing ratios measured in one run
-bench: deps build
+bench: deps deps-k8s build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./test/e2e/
 
 ## gpu-check-bundle: binaries and script for a real NVIDIA machine (test/gpu-check/README.md)

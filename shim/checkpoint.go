@@ -25,7 +25,7 @@ import (
 
 // checkpoint is Checkpoint with native errors, in steps: check the task, set CRIU's work
 // directory, take the GPU session forward, dump, give the GPUs back unless the task exits, write
-// the rootfs diff beside the images, build and write the manifest, restrict the checkpoint's
+// the rootfs diff and the contents of the pod's tmpfs mounts (tmpfs.go) beside the images, build and write the manifest, restrict the checkpoint's
 // modes and sign it.
 func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
 	defer s.checkpointing(r.ID)() // a pause lease never resumes a task CRIU is dumping
@@ -69,6 +69,9 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	if err := s.writeRootfsDiff(ctx, r); err != nil {
 		return err
+	}
+	if err := writeTmpfs(ctx, spec, r.Path); err != nil {
+		return fmt.Errorf("checkpoint %s: written, but the contents of its pod's tmpfs mounts were not: %w", r.ID, err)
 	}
 	m, err := s.manifest(ctx, r.ID, spec, opts.WorkPath, g, ph, created)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -31,7 +30,8 @@ import (
 // A restore-from reference (a path under the checkpoint root, an archive there, or an oci://
 // reference pulled first) is resolved, extracted when it is an archive, and admitted with its
 // rootfs diff. A checkpoint that containerd itself passes (r.Checkpoint, e.g. ctr containers
-// restore) is admitted the same way when it carries a berth manifest (containerd applies the
+// restore) is admitted the same way when it carries a berth manifest (it wins over a restore-from
+// annotation the container's spec still carries from an earlier restore) (containerd applies the
 // container's writable layer itself); one without a berth manifest is refused unless the trust
 // policy allows unsigned checkpoints, and its processes are compared with the spec either way.
 func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
@@ -45,8 +45,11 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	case ref == "":
 		return s.prepareContainerdRestore(ctx, r, spec)
 	case r.Checkpoint != "":
-		return nil, fmt.Errorf("annotation %s=%s and a containerd checkpoint %q both given: %w",
-			oci.AnnotationRestoreFrom, quote(ref), r.Checkpoint, errdefs.ErrInvalidArgument)
+		// a container berthctl restored keeps the annotation in its spec, so containerd's own
+		// checkpoint of it carries it too: what containerd passes for this task is the checkpoint
+		// asked for now (ctr containers restore), verified like any other
+		log.G(ctx).WithFields(log.Fields{"annotation": ref, "checkpoint": r.Checkpoint}).Info("restoring containerd's checkpoint; the spec's restore-from annotation names where the container came from before")
+		return s.prepareContainerdRestore(ctx, r, spec)
 	}
 	if err := checkReference(ref); err != nil {
 		return nil, err

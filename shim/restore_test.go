@@ -51,7 +51,8 @@ func TestPrepareRestore(t *testing.T) {
 		{name: "missing", ref: "nope", wantErr: []string{"nope"}, class: errdefs.ErrNotFound},
 		{name: "tampered", ref: "tampered", wantErr: []string{"core-1.img", "digest mismatch"}, class: errdefs.ErrFailedPrecondition},
 		{name: "fingerprint", ref: "otherkernel", wantErr: []string{"kernel", "5.10.0", "6.18.0"}, class: errdefs.ErrFailedPrecondition},
-		{name: "annotation and containerd checkpoint", ref: "good", checkpoint: good, wantErr: []string{"both given"}, class: errdefs.ErrInvalidArgument},
+		// a container berthctl restored keeps its annotation; containerd's checkpoint of it wins
+		{name: "annotation and containerd checkpoint", ref: "nope", checkpoint: good, wantImages: filepath.Join(good, checkpoint.ImagesDir)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

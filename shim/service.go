@@ -95,6 +95,10 @@ type restoredTask struct {
 	ownNetns bool
 	// stdin is the FIFO held open as the task's stdin (restoreStdio); nil for none. Delete closes it.
 	stdin *os.File
+	// uts is the pod's UTS namespace the task joins, with its names as Create found them; Start
+	// writes them back after CRIU restored the checkpoint's (uts.go). nil when the task has a UTS
+	// namespace of its own.
+	uts *utsNames
 	// criuWork is the CRIU work directory the caller's runc options name ("" for the bundle):
 	// a failed restore quotes and keeps CRIU's restore.log from there.
 	criuWork string
@@ -242,7 +246,15 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 	if r.Checkpoint == "" {
 		return nil, nil
 	}
+	if err := checkRuncID(ctx, r); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+	}
 	t.ownNetns = ownsNetns(spec)
+	if p := joinedUTS(spec); p != "" {
+		if t.uts, err = readUTS(p); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
+	}
 	t.criuWork = criuWorkPath(r)
 	if t.stdin, err = restoreStdio(r); err != nil {
 		return nil, err
@@ -250,7 +262,8 @@ func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskReques
 	return t, nil
 }
 
-// restoreRootfs applies the checkpoint's rootfs diff to the task runc created from it; on failure
+// restoreRootfs applies the checkpoint's rootfs diff to the task runc created from it and copies
+// the contents of its pod's tmpfs mounts back (restoreTmpfs); on failure
 // it removes that task again, so nothing is half-created.
 func (s *Service) restoreRootfs(ctx context.Context, r *taskAPI.CreateTaskRequest, plan *restorePlan) (retErr error) {
 	defer func() {
@@ -262,6 +275,13 @@ func (s *Service) restoreRootfs(ctx context.Context, r *taskAPI.CreateTaskReques
 	}()
 	if err := s.applyRootfsDiff(ctx, plan, filepath.Join(r.Bundle, "rootfs")); err != nil {
 		return fmt.Errorf("restore %s: %w", r.ID, err)
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return err
+	}
+	if err := s.restoreTmpfs(ctx, plan, spec); err != nil {
+		return fmt.Errorf("restore %s: checkpoint %s: %w", r.ID, plan.name(), err)
 	}
 	return nil
 }
@@ -341,6 +361,14 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 		return errgrpc.ToNative(err)
 	}); err != nil {
 		return nil, s.explainRestore(ctx, r.ID, t, err)
+	}
+	if t.uts != nil {
+		// CRIU wrote the checkpoint's hostname into the pod's UTS namespace: give the pod its own back
+		if was, err := t.uts.restore(); err != nil {
+			log.G(ctx).WithError(err).Error("the pod's hostname stays the checkpoint's")
+		} else if was != t.uts.hostname {
+			log.G(ctx).WithFields(log.Fields{"hostname": t.uts.hostname, "checkpoint_hostname": was}).Info("the pod's hostname, which CRIU restored from the checkpoint, is set back")
+		}
 	}
 	if t.ownNetns {
 		if err := loopbackUp(int(resp.Pid)); err != nil {

@@ -15,5 +15,5 @@ import (
 
 func main() {
 	berth.Register(berth.ConfigPath())
-	shim.RunShim(context.Background(), manager.NewShimManager(oci.RuntimeName))
+	shim.RunShim(context.Background(), berth.GuardManager(manager.NewShimManager(oci.RuntimeName)))
 }

@@ -39,7 +39,7 @@ var kube struct {
 
 // needKube returns the running cluster, starting it on first use. Without root, the stack or the
 // Kubernetes binaries the test skips, except under CI=true, where it fails.
-func needKube(t *testing.T) *node.KubeCluster {
+func needKube(t testing.TB) *node.KubeCluster {
 	t.Helper()
 	if err := node.RequireKube(); err != nil {
 		if os.Getenv("CI") != "" {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -196,7 +197,34 @@ func TestKubeMove(t *testing.T) {
 			es, _ := os.ReadDir(dir)
 			return len(es)
 		}
-		// the kubelet wrote two archives of mover on kube1 (the failed move's and the move's)
+		// The kubelet wrote an archive of mover on kube1 for each move, but it names archives by
+		// the second, so two checkpoints within one second leave one file. An older copy of the
+		// move's archive (another name, an mtime a minute back) makes sure mover has two.
+		es, err := os.ReadDir(src.CheckpointDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var moverArchive string
+		for _, e := range es {
+			if strings.HasPrefix(e.Name(), "checkpoint-mover_") {
+				moverArchive = filepath.Join(src.CheckpointDir, e.Name())
+			}
+		}
+		if moverArchive == "" {
+			t.Fatalf("no archive of mover in %s: %v", src.CheckpointDir, es)
+		}
+		b, err := os.ReadFile(moverArchive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		older := filepath.Join(src.CheckpointDir, "checkpoint-mover_"+ns+"-infer-2000-01-01T00:00:00Z.tar")
+		if err := os.WriteFile(older, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		then := time.Now().Add(-time.Minute)
+		if err := os.Chtimes(older, then, then); err != nil {
+			t.Fatal(err)
+		}
 		if n := count(src.CheckpointDir); n < 2 {
 			t.Fatalf("%d archives in %s", n, src.CheckpointDir)
 		}
@@ -211,6 +239,12 @@ func TestKubeMove(t *testing.T) {
 		}
 		if len(gone) == 0 {
 			t.Error("gc --keep 1 removed nothing")
+		}
+		if _, err := os.Stat(older); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("gc --keep 1 kept mover's older archive %s: %v", older, err)
+		}
+		if _, err := os.Stat(moverArchive); err != nil {
+			t.Errorf("gc --keep 1 removed mover's newest archive: %v", err)
 		}
 		t.Logf("gc --keep 1 on %s removed %d archives; %d left", src.Name, len(gone), count(src.CheckpointDir))
 		gc(dst, "--max-bytes", "1", "--min-age", "0")

@@ -1,5 +1,7 @@
 // Package e2e holds berth's end-to-end tests and benchmarks on the real stack: two local
-// containerd v2.4 nodes with runc, CRIU and berth's shim, images built locally.
+// containerd v2.4 nodes with runc, CRIU and berth's shim, images built locally; and, for the
+// Kube* tests, a two-node Kubernetes cluster built from Go modules (node.StartKube: etcd,
+// kube-apiserver, controller-manager, scheduler, kubelets, NFD) over such nodes.
 //
 // They need root and the stack (`make deps`). Without them they skip, except under CI=true,
 // where a missing prerequisite fails the run: CI must run every tier this machine can run.

@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/test/node"
+	"github.com/berth-dev/berth/test/scenario"
+	"github.com/berth-dev/berth/test/workload/client"
+)
+
+// kubeMoveSample is one round of BenchmarkKubeMove: the same workload moved by berthctl migrate
+// between two containerd nodes and by berthctl move (kubectl berth move) between two kubelets.
+type kubeMoveSample struct {
+	migrateWall, migrateReady time.Duration // berthctl migrate, then /healthz answering on the destination
+	migratePhases             []phase
+	moveWall, moveReady       time.Duration // berthctl move (the restore pod Ready), then /healthz answering
+	movePhases                []phase
+	moveBytes                 int64
+}
+
+func (s kubeMoveSample) migrateTotal() time.Duration { return s.migrateWall + s.migrateReady }
+func (s kubeMoveSample) moveTotal() time.Duration    { return s.moveWall + s.moveReady }
+
+// kubeMoveBenchMiB is the size BenchmarkKubeMove moves: BERTH_BENCH_MIB's first size if set,
+// else 1 GiB if memory allows (both clusters run at once), else 256 MiB, saying so.
+func kubeMoveBenchMiB(b *testing.B) (int, string) {
+	if os.Getenv("BERTH_BENCH_MIB") != "" {
+		return benchSizes(b)[0], ""
+	}
+	// the pod and its restore hold 2x, the page cache of the archive and its copy about 2x more
+	const mib, need = 1024, 5*1024 + 2048
+	if avail := memAvailableMiB(); avail > 0 && avail < need {
+		return 256, fmt.Sprintf("only %d MiB of memory available, a 1 GiB move beside the clusters needs about %d: measuring 256 MiB", avail, need)
+	}
+	return mib, ""
+}
+
+// BenchmarkKubeMove moves the inference workload holding 1 GiB (see kubeMoveBenchMiB) with
+// berthctl migrate between the two containerd nodes, and as a pod of RuntimeClass berth with
+// `kubectl berth move` (berthctl move: the kubelet checkpoint API through the API server, the
+// archive copied to the other node's checkpoint root, a restore pod Ready, the source deleted)
+// between the two kubelets of the Kubernetes cluster, in alternating order, BERTH_BENCH_ROUNDS
+// rounds (default 3). Each total runs until the workload answers /healthz on the destination.
+// It reports the medians and move/migrate; it never asserts on times.
+func BenchmarkKubeMove(b *testing.B) {
+	c := needCluster(b)
+	kc := needKube(b)
+	mib, note := kubeMoveBenchMiB(b)
+	needResources(b, c, mib)
+	prewarm := prewarmMemory(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	const ns = "bench-kmove"
+	if _, err := kc.Kubectl(ctx, "create", "namespace", ns); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = kc.Kubectl(context.Background(), "delete", "namespace", ns, "--timeout=120s") })
+	work := filepath.Join(filepath.Dir(c.Nodes[0].Dir), fmt.Sprintf("bench-kmove-%d", mib))
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(work) })
+	var samples []kubeMoveSample
+	for range b.N {
+		samples = nil
+		for round := range benchRounds(b) {
+			var s kubeMoveSample
+			paths := []func(){
+				func() {
+					var m sample
+					// round ids of their own: BenchmarkMigrate's may run in the same process
+					benchBerth(ctx, b, c, mib, 100+round, work, &m)
+					s.migrateWall, s.migrateReady, s.migratePhases = m.berthWall, m.berthReady, m.berthPhases
+				},
+				func() { benchKubeMove(ctx, b, kc, ns, mib, round, &s) },
+			}
+			for i := range paths {
+				paths[(round+i)%len(paths)]()
+			}
+			samples = append(samples, s)
+		}
+	}
+	med := func(f func(kubeMoveSample) time.Duration) time.Duration {
+		var ds []time.Duration
+		for _, s := range samples {
+			ds = append(ds, f(s))
+		}
+		return median(ds)
+	}
+	migrate, move := med(kubeMoveSample.migrateTotal), med(kubeMoveSample.moveTotal)
+	b.ReportMetric(0, "ns/op") // an iteration includes setup and rounds: report the medians instead
+	b.ReportMetric(float64(mib), "MiB")
+	b.ReportMetric(migrate.Seconds(), "migrate-s")
+	b.ReportMetric(move.Seconds(), "move-s")
+	b.ReportMetric(ratio(move, migrate), "move/migrate")
+
+	fmt.Println()
+	if note != "" {
+		fmt.Println(note)
+	}
+	fmt.Println(prewarm)
+	printKubeMoveTable(os.Stdout, mib, samples)
+}
+
+// benchKubeMove runs the workload as a pod on kube1, moves it to kube2 with kubectl berth move
+// -o json, waits for /healthz on the restore pod, and removes the pods and the archives.
+func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns string, mib, round int, s *kubeMoveSample) {
+	src, dst := kc.Nodes[0], kc.Nodes[1]
+	pod := fmt.Sprintf("bkm-%d-%d", mib, round)
+	restored := pod + "-moved"
+	entries := func(dir string) []string {
+		es, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	hadSrc, hadDst := entries(src.CheckpointDir), entries(dst.CheckpointRoot)
+	cleanup := func() {
+		bg := context.Background()
+		_, _ = kc.Kubectl(bg, "-n", ns, "delete", "pod", pod, restored, "--ignore-not-found", "--timeout=120s")
+		for _, d := range []struct {
+			dir string
+			had []string
+		}{{src.CheckpointDir, hadSrc}, {dst.CheckpointRoot, hadDst}} {
+			for _, e := range entries(d.dir) {
+				if !slices.Contains(d.had, e) {
+					os.RemoveAll(filepath.Join(d.dir, e))
+				}
+			}
+		}
+	}
+	b.Cleanup(cleanup)
+	if _, err := kc.KubectlIn(ctx, strings.NewReader(scenario.InferPodYAML(ns, pod, src.Name, mib, 0)), "apply", "-f", "-"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := kc.Kubectl(ctx, "-n", ns, "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=300s"); err != nil {
+		desc, _ := kc.Kubectl(ctx, "-n", ns, "describe", "pod", pod)
+		b.Fatalf("pod %s not Ready: %v\n%s", pod, err, desc)
+	}
+	healthz := func(name string, d time.Duration) {
+		b.Helper()
+		ip, err := kc.Kubectl(ctx, "-n", ns, "get", "pod", name, "-o", "jsonpath={.status.podIP}")
+		if err != nil {
+			b.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		if err := client.WaitReady(wctx, client.Target{BaseURL: "http://" + ip + ":8080"}, 20*time.Millisecond); err != nil {
+			b.Fatalf("pod %s: %v", name, err)
+		}
+	}
+	healthz(pod, 3*time.Minute)
+
+	cmd, err := scenario.KubectlBerth(ctx, kc, append([]string{"move", "-n", ns, pod, "--to", dst.Name, "--name", restored, "-o", "json"},
+		scenario.KubeMoveArgs(kc)...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	t := time.Now()
+	err = cmd.Run()
+	s.moveWall = time.Since(t)
+	if err != nil {
+		b.Fatalf("kubectl berth move: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	var res kubeMoveResult
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		b.Fatalf("move -o json: %v\n%s", err, stdout.String())
+	}
+	for _, p := range res.Phases {
+		s.movePhases = append(s.movePhases, phase{p.Name, time.Duration(p.Ms * float64(time.Millisecond))})
+	}
+	s.moveBytes = res.Bytes
+	t = time.Now()
+	healthz(restored, time.Minute)
+	s.moveReady = time.Since(t)
+	cleanup()
+}
+
+// printKubeMoveTable prints the medians of both paths' phases and totals.
+func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample) {
+	if len(samples) == 0 {
+		return
+	}
+	med := func(f func(kubeMoveSample) time.Duration) time.Duration {
+		var ds []time.Duration
+		for _, s := range samples {
+			ds = append(ds, f(s))
+		}
+		return median(ds)
+	}
+	medPhases := func(f func(kubeMoveSample) []phase) []phase {
+		var out []phase
+		for _, p := range f(samples[0]) {
+			out = append(out, phase{p.name, med(func(s kubeMoveSample) time.Duration { return phaseOf(f(s), p.name) })})
+		}
+		return out
+	}
+	fmt.Fprintf(w, "%d MiB of weights, median of %d rounds (seconds); archive %.1f MiB\n", mib, len(samples), float64(samples[0].moveBytes)/(1<<20))
+	fmt.Fprintln(w, "berthctl migrate (two containerd nodes):")
+	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.migratePhases }) {
+		fmt.Fprintf(w, "  %-34s %8s\n", p.name, sec(p.d))
+	}
+	fmt.Fprintf(w, "  %-34s %8s\n", "wall", sec(med(func(s kubeMoveSample) time.Duration { return s.migrateWall })))
+	fmt.Fprintf(w, "  %-34s %8s\n", "then /healthz on the destination", sec(med(func(s kubeMoveSample) time.Duration { return s.migrateReady })))
+	fmt.Fprintf(w, "  %-34s %8s\n", "total", sec(med(kubeMoveSample.migrateTotal)))
+	fmt.Fprintln(w, "kubectl berth move (two kubelets, the kubelet checkpoint API):")
+	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.movePhases }) {
+		fmt.Fprintf(w, "  %-34s %8s\n", p.name, sec(p.d))
+	}
+	fmt.Fprintf(w, "  %-34s %8s\n", "wall", sec(med(func(s kubeMoveSample) time.Duration { return s.moveWall })))
+	fmt.Fprintf(w, "  %-34s %8s\n", "then /healthz on the restore pod", sec(med(func(s kubeMoveSample) time.Duration { return s.moveReady })))
+	fmt.Fprintf(w, "  %-34s %8s\n", "total", sec(med(kubeMoveSample.moveTotal)))
+	fmt.Fprintf(w, "move/migrate: %.2f (per round:", ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateTotal)))
+	for _, s := range samples {
+		fmt.Fprintf(w, " %.2f", ratio(s.moveTotal(), s.migrateTotal()))
+	}
+	fmt.Fprintln(w, ")")
+}
