@@ -42,6 +42,11 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return err
 	}
 	defer done()
+	undo, err := s.usePageServer(ctx, r.ID, opts.WorkPath, st.Bundle, spec)
+	if err != nil {
+		return err
+	}
+	defer undo()
 	g, err := s.beginGPUCheckpoint(ctx, r.ID, st)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", r.ID, err)

@@ -138,7 +138,7 @@ func errorClasses() []struct {
 		// the checkpoint is damaged, is not berth's, or does not fit this node
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,
-			checkpoint.ErrInvalidRoot, registry.ErrNotCheckpoint, registry.ErrLayerMismatch,
+			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, registry.ErrNotCheckpoint, registry.ErrLayerMismatch,
 			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey), errdefs.ErrFailedPrecondition},
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver

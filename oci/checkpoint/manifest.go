@@ -36,6 +36,9 @@ type Manifest struct {
 	// privilege.FromSpec), recorded by the shim at checkpoint. A restore compares it with the
 	// destination spec (privilege.CheckContainer). nil in manifests written before berth recorded it.
 	Security *privilege.Container `json:"security,omitempty"`
+	// PageStream, in a checkpoint moved in copy mode, is the memory CRIU sent straight to the
+	// destination's page server: its page images are not in Files (see PageStream).
+	PageStream *PageStream `json:"pageStream,omitempty"`
 }
 
 // GPUState records what a checkpoint of a GPU container needs on restore.

@@ -81,7 +81,7 @@ func VerifyHeld(held, dir string, m *Manifest) (bool, error) {
 				for _, f := range m.Files {
 					known[f.Path] = f.Digest
 				}
-				return true, VerifyDigests(held, m, known)
+				return true, verifyPages(held, m, known, stampedPages(cur, m))
 			}
 		}
 	}
@@ -108,6 +108,13 @@ func currentStamp(dir string, m *Manifest) (stamp, error) {
 			return stamp{}, fmt.Errorf("%s: %w", f.Path, fs.ErrInvalid)
 		}
 		st.Files = append(st.Files, stampFile{Path: f.Path, Size: fi.Size(), Ino: sys.Ino, CtimeNs: sys.Ctim.Nano()})
+	}
+	if m.PageStream != nil {
+		pages, err := pageStampFiles(dir)
+		if err != nil {
+			return stamp{}, err
+		}
+		st.Files = append(st.Files, pages...)
 	}
 	return st, nil
 }

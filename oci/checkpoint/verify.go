@@ -50,6 +50,12 @@ func VerifyDigests(dir string, m *Manifest, known map[string]string) error {
 }
 
 func verify(dir string, m *Manifest, known map[string]string) error {
+	return verifyPages(dir, m, known, nil)
+}
+
+// verifyPages is verify where pages (slash-separated paths) are page images received from m's
+// page stream and recorded by the receiver's stamp: they are neither extra files nor read.
+func verifyPages(dir string, m *Manifest, known map[string]string, pages map[string]bool) error {
 	if m == nil {
 		return fmt.Errorf("verify %s: %w: nil manifest", dir, ErrInvalidManifest)
 	}
@@ -76,6 +82,21 @@ func verify(dir string, m *Manifest, known map[string]string) error {
 		if _, ok := onDisk[f.Path]; !ok {
 			return fmt.Errorf("%s: %w (manifest size %d bytes)", f.Path, ErrMissingFile, f.Size)
 		}
+	}
+	if len(pages) > 0 || m.PageStream != nil {
+		kept := entries[:0:0]
+		for _, e := range entries {
+			switch {
+			case listed[e.path]:
+				kept = append(kept, e)
+			case pages[e.path]:
+			case m.PageStream != nil && IsPageImage(e.path):
+				return fmt.Errorf("%s: %w: %d bytes", e.path, ErrPagesUnverified, e.size)
+			default:
+				return fmt.Errorf("%s: %w: %d bytes", e.path, ErrExtraFile, e.size)
+			}
+		}
+		entries = kept
 	}
 	for _, e := range entries {
 		if !listed[e.path] {

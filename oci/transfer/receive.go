@@ -132,8 +132,13 @@ type Receiver struct {
 	// answered busy). It may be called from several goroutines at once.
 	OnDone func(remote net.Addr, path string, err error)
 
+	// CRIU is the criu binary that serves page streams (copy mode, pages.go); "" means "criu"
+	// on PATH.
+	CRIU string
+
 	mu       sync.Mutex
-	inFlight map[string]*inFlight // names being received
+	inFlight map[string]*inFlight   // names being received
+	pages    map[string]*pageStream // page streams, by checkpoint name
 }
 
 // inFlight is a transfer in progress, for the free-space check of the others.
@@ -358,6 +363,9 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 	}
 	br := bufio.NewReaderSize(ir, recvBufferSize)
 	path, drained, err := r.receive(tctx, br, ir, deadline, transferTimeout)
+	if pd, ok := err.(pagesDone); ok { // a page stream: no verdict, the page server answered
+		return "", pd.err
+	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
@@ -402,6 +410,10 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	name := hdr.Name
 	if err := ValidName(name); err != nil {
 		return "", false, err
+	}
+	if hdr.Pages {
+		ir.hard = deadline
+		return "", false, r.receivePages(ctx, br, ir.conn, name, r.Root)
 	}
 	m, err := checkpoint.ParseManifest(hdr.Manifest)
 	if err != nil {
@@ -451,6 +463,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	staging := filepath.Join(root, StagingPrefix+name+"-"+hex.EncodeToString(suffix[:]))
 	defer func() {
 		if retErr != nil {
+			r.discardPages(name, retErr)
 			if err := os.RemoveAll(staging); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("remove %s: %w", staging, err))
 			}
@@ -482,6 +495,9 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		if err := r.Verify(ctx, staging); err != nil {
 			return "", drained, fmt.Errorf("receive %s: refused by verification: %w", name, err)
 		}
+	}
+	if err := r.adoptPages(ctx, name, staging, m); err != nil {
+		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if !r.NoSync {
 		if err := syncTree(staging); err != nil {

@@ -78,6 +78,9 @@ type header struct {
 	TotalBytes int64 `json:"totalBytes"`
 	// Manifest is berth.json's exact content (base64 in JSON).
 	Manifest []byte `json:"manifest"`
+	// Pages marks a connection that carries the page stream of checkpoint Name (copy mode,
+	// pages.go) instead of the checkpoint.
+	Pages bool `json:"pages,omitempty"`
 }
 
 // verdict is the receiver's answer line.

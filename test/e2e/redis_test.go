@@ -26,12 +26,15 @@ func redisCLI(ctx context.Context, pid uint32, args ...string) (string, error) {
 // TestMigrateRedis moves a Redis server (Debian's redis-server, a program nobody here wrote)
 // holding 256 MiB of values between nodes and checks every key: the key count and Redis's own
 // digest of the whole dataset (DEBUG DIGEST) are the same after the move.
-func TestMigrateRedis(t *testing.T) {
+func TestMigrateRedis(t *testing.T) { migrateRedis(t, "redis-e2e") }
+
+// migrateRedis is TestMigrateRedis for the container id, with extra berthctl migrate arguments.
+func migrateRedis(t *testing.T, id string, migrateArgs ...string) {
 	c := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	src, dst := c.Nodes[0], c.Nodes[1]
-	const id, moved = "redis-e2e", "redis-e2e-moved"
+	moved := id + "-moved"
 	t.Cleanup(func() {
 		_ = src.Remove(context.Background(), id)
 		_ = dst.Remove(context.Background(), moved)
@@ -74,9 +77,10 @@ func TestMigrateRedis(t *testing.T) {
 		}
 	}
 
-	out, err := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--from", src.Socket, "--to", dst.Socket,
+	margs := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket,
 		"-n", node.Namespace, "--root", dst.CheckpointRoot, "--id", moved,
-		"--work-dir", filepath.Join(src.Dir, "outgoing"), id).CombinedOutput()
+		"--work-dir", filepath.Join(src.Dir, "outgoing")}, migrateArgs...)
+	out, err := exec.CommandContext(ctx, c.Berthctl(), append(margs, id)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("berthctl migrate: %v\n%s", err, out)
 	}

@@ -21,12 +21,12 @@ import (
 // Migrate is `berthctl migrate`: the source is the containerd of g unless --from names another.
 func Migrate(g *Globals) *cobra.Command {
 	var (
-		from, to, receiver, root, newID, workDir, name, logPath string
-		leaveRunning, keep, keepFailed                          bool
-		pauseLease                                              time.Duration
-		tf                                                      *tlsFlags
-		trust                                                   *trustFlags
-		output                                                  *format
+		from, to, receiver, root, newID, workDir, name, logPath, mode string
+		leaveRunning, keep, keepFailed                                bool
+		pauseLease                                                    time.Duration
+		tf                                                            *tlsFlags
+		trust                                                         *trustFlags
+		output                                                        *format
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]] [-o text|json] CONTAINER",
@@ -42,6 +42,15 @@ running on the destination host is used: the same path across a network, over mu
 The checkpoint is signed with this node's key (signing_key of --config, or --signing-key) before
 it leaves, and the receiver, in this process too, keeps it only when a key it trusts signed it;
 the destination's shim checks the signature again before it restores.
+
+--mode copy sends the memory pages from CRIU straight to the destination, never to this node's
+disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries the stream
+to the receiver on a connection of its own (mutual TLS like the checkpoint's) and hashes it; the
+receiver feeds it to a 'criu page-server' it runs on a socket of its own and hashes it again.
+The page stream's digest is signed with the rest of the checkpoint, and the receiver keeps the
+pages only when both digests agree (contrib/TRUST.md). --mode stored (the default) writes the
+whole checkpoint here first, then sends it. Either way the source is stopped only after the
+destination serves: downtime and the source's teardown are reported apart.
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
@@ -80,6 +89,9 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			}
 			if newID == "" {
 				newID = id
+			}
+			if mode != modeCopy && mode != modeStored {
+				return fmt.Errorf("--mode %q: want %s or %s", mode, modeCopy, modeStored)
 			}
 			if receiver == "" && tf.files.Enabled() {
 				return fmt.Errorf("%s apply to --receiver: the receiver in this process listens on loopback", transfer.TLSFlags)
@@ -154,12 +166,16 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			send := func(ctx context.Context, dir, name string) (int64, error) {
 				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name)
 			}
-			res, err := move.Migrate(ctx, move.MigrateOptions{
+			mo := move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,
 				WorkDir: filepath.Join(workDir, name), KeepLocal: keep, Name: name,
 				Send: send, Sign: policy.Sign,
 				LeaveRunning: leaveRunning, LogPath: logPath, PauseLease: pauseLease,
-			})
+			}
+			if mode == modeCopy {
+				mo.Pages = pageRelay(addr, tf)
+			}
+			res, err := move.Migrate(ctx, mo)
 			if err != nil {
 				if receiver == "" && !keepFailed {
 					// the in-process receiver wrote it here: a failed move leaves no checkpoint behind
@@ -169,7 +185,7 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			}
 			r := newMigrateResult(res)
 			r.Container, r.ID, r.Namespace, r.From, r.To, r.Receiver, r.Checkpoint = id, newID, ns, from, to, addr, name
-			r.SignedBy = res.SignedBy
+			r.SignedBy, r.Mode = res.SignedBy, mode
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), r)
 			}
@@ -192,6 +208,7 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 	f.DurationVar(&pauseLease, "pause-lease", move.DefaultPauseLease, "if this process dies mid-move, berth's shim resumes the paused source at most this long after its last renewal")
 	f.BoolVar(&keepFailed, "keep-failed", false, "keep the checkpoint received by the destination when the move fails (with the in-process receiver; a remote 'berthctl receive' keeps what it verified)")
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
+	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); stored: the whole checkpoint is written here, then sent")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, true, true)
 	output = addFormat(f, formatText, formatJSON)
@@ -219,8 +236,15 @@ type migrateResult struct {
 	// shim's as checkpoint/shim/NAME, its GPU steps included), then the move's (checkpoint,
 	// transfer, restore, stop-source or resume-source).
 	Phases []checkpoint.Phase `json:"phases"`
+	// Mode is copy or stored.
+	Mode string `json:"mode"`
 	// TotalMs is the sum of the move's phases (the checkpoint/... ones are inside "checkpoint").
 	TotalMs float64 `json:"totalMs"`
+	// DowntimeMs is the part of TotalMs before the destination serves (checkpoint, transfer,
+	// restore: the source is paused from the checkpoint's pause on); AfterMs the rest (stopping
+	// and removing the source, or resuming it), which is off the critical path.
+	DowntimeMs float64 `json:"downtimeMs"`
+	AfterMs    float64 `json:"afterMs"`
 	// CRIU is CRIU's dump statistics; GPU the container's GPU state (nil without GPUs).
 	CRIU checkpoint.CRIUStats `json:"criu"`
 	GPU  *checkpoint.GPUState `json:"gpu,omitempty"`
@@ -238,6 +262,11 @@ func newMigrateResult(res *move.MigrateResult) migrateResult {
 	for _, p := range res.Phases {
 		r.Phases = append(r.Phases, p)
 		r.TotalMs += p.Ms
+		if p.Name == "stop-source" || p.Name == "resume-source" {
+			r.AfterMs += p.Ms
+		} else {
+			r.DowntimeMs += p.Ms
+		}
 	}
 	return r
 }
@@ -252,6 +281,8 @@ func (r migrateResult) writeText(w io.Writer) {
 		fmt.Fprintf(w, "  %-32s %9.1f ms\n", p.Name, p.Ms)
 	}
 	fmt.Fprintf(w, "  %-32s %9.1f ms\n", "total", r.TotalMs)
+	fmt.Fprintf(w, "  %-32s %9.1f ms (source paused until the destination serves)\n", "downtime", r.DowntimeMs)
+	fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves)\n", "source teardown", r.AfterMs)
 }
 
 // targetFree returns an error when container id already exists in namespace ns of c: a move or

@@ -41,6 +41,12 @@ type CheckpointOptions struct {
 	// berth.sig beside it) and returns the key's id; "" with a nil error leaves it unsigned.
 	// nil: unsigned.
 	Sign func(ctx context.Context, dir string) (string, error)
+	// PageServer, when set, asks the shim for a copy-mode dump: CRIU sends the memory pages to
+	// this loopback ADDR:PORT (a transfer.PageRelay) instead of writing them into Dir.
+	// PageStream then returns the stream's digest and length once it ended; it goes into the
+	// manifest, under the signature.
+	PageServer string
+	PageStream func(ctx context.Context) (checkpoint.PageStream, error)
 	// PauseLease, when positive, is a pause lease held on the task from before it is paused
 	// until the caller resumes or stops it (Source.Resume, Source.Release): berth's shim resumes
 	// the task by itself if this process dies meanwhile (oci.AnnotationPauseLease).
@@ -138,6 +144,11 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 			os.RemoveAll(o.Dir)
 		}
 	}()
+	if o.PageServer != "" {
+		if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.PageServerRequestFile), []byte(o.PageServer+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	var lease *pauseLease
 	if o.PauseLease > 0 && !o.Exit {
 		// before the pause: a kill between the pause and the grant must not strand the task
@@ -170,12 +181,33 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	}
 	if _, err := c.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: o.ID, Options: opts}); err != nil {
 		err = errgrpc.ToNative(err)
+		if o.PageStream != nil { // copy mode: a broken page stream is the likelier cause; say how it ended
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if _, perr := o.PageStream(wctx); perr != nil && wctx.Err() == nil {
+				err = fmt.Errorf("%w (the page stream to the destination: %v)", err, perr)
+			}
+			cancel()
+		}
 		if strings.HasPrefix(err.Error(), "checkpoint "+o.ID+":") { // the shim named it already
 			return nil, err
 		}
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	phase("shim-checkpoint")
+	var pages *checkpoint.PageStream
+	if o.PageServer != "" {
+		if err := os.Remove(filepath.Join(o.Dir, checkpoint.PageServerRequestFile)); err != nil {
+			return nil, err
+		}
+		if o.PageStream != nil {
+			ps, err := o.PageStream(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+			}
+			pages = &ps
+		}
+		phase("page-stream")
+	}
 
 	if info.SnapshotKey != "" {
 		if err := writeRootfsDiff(ctx, c, info.Snapshotter, info.SnapshotKey, filepath.Join(o.Dir, checkpoint.RootfsDiffFile)); err != nil {
@@ -209,6 +241,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		Fingerprint: inner.Fingerprint,
 		CRIU:        inner.CRIU,
 		GPU:         inner.GPU,
+		PageStream:  pages,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	// the shim just digested the CRIU images: reuse those digests instead of reading the images again

@@ -37,6 +37,9 @@ type MigrateOptions struct {
 	LogPath string
 	// Sign signs the checkpoint (CheckpointOptions.Sign).
 	Sign func(ctx context.Context, dir string) (string, error)
+	// Pages, when set, makes the move copy mode (stream.go): it starts the page stream of
+	// checkpoint Name to the destination.
+	Pages func(ctx context.Context, name string) (PageRelay, error)
 	// PauseLease is the pause lease held on the source while it is paused (CheckpointOptions):
 	// if this process dies mid-move, berth's shim resumes the source at most this long after the
 	// last renewal. 0 means DefaultPauseLease; negative, none.
@@ -74,7 +77,16 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	if o.PauseLease == 0 {
 		o.PauseLease = DefaultPauseLease
 	}
-	src, err := Checkpoint(ctx, o.Src, CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign, PauseLease: o.PauseLease})
+	copts := CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign, PauseLease: o.PauseLease}
+	if o.Pages != nil {
+		relay, err := o.Pages(ctx, o.Name)
+		if err != nil {
+			return nil, err
+		}
+		defer relay.Close()
+		copts.PageServer, copts.PageStream = relay.Addr(), relay.Wait
+	}
+	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,107 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// PageStream describes the memory pages of a checkpoint moved in copy mode: CRIU on the source
+// sent them (page server protocol) straight to the destination, where CRIU's page server wrote
+// them as the page images (pagemap-*.img, pages-*.img) of the CRIU image directory. The source
+// never holds them on disk, so it cannot digest the files; it digests the stream instead, as
+// its relay forwards it, and signs that digest with the rest of the manifest. The destination's
+// receiver digests the same stream as it arrives, compares the two before it keeps the
+// checkpoint, and records the page images it kept in its stamp (WriteStamp): a restore accepts
+// page images only through a stamp that matches them (VerifyHeld); without one it refuses them
+// (ErrPagesUnverified), since nothing can digest them against the signature afterwards.
+type PageStream struct {
+	// Digest is "sha256:<hex>" of every byte CRIU sent to the page server, in order.
+	Digest string `json:"digest"`
+	// Size is the stream's length in bytes.
+	Size int64 `json:"size"`
+}
+
+// PageServerRequestFile, in the CRIU work directory of a checkpoint request to berth's shim, asks
+// for a dump in copy mode: it holds "ADDR:PORT" of the page server CRIU sends the memory pages to
+// instead of writing page images into the image directory. containerd's Checkpoint request
+// carries runc's options, which have no page-server field; the work directory is the caller's,
+// on the shim's node, and only root writes there (berthctl makes it 0700). The address must be
+// loopback: CRIU's page client speaks in the clear, so it reaches the node's own relay
+// (transfer.PageRelay), which carries the stream over mutual TLS and digests it. The caller
+// removes the file before it digests the checkpoint.
+const PageServerRequestFile = "berth-page-server"
+
+// ErrPagesUnverified: a copy-mode checkpoint holds page images that no receiver's stamp records
+// as received from its signed page stream.
+var ErrPagesUnverified = errors.New("page image not verified by a receiver against the signed page stream")
+
+// IsPageImage reports whether p (slash-separated, relative to the checkpoint) is a page image
+// CRIU's page server writes: ImagesDir/pagemap-*.img or ImagesDir/pages-*.img.
+func IsPageImage(p string) bool {
+	dir, base := path.Split(p)
+	if dir != ImagesDir+"/" || !strings.HasSuffix(base, ".img") {
+		return false
+	}
+	return strings.HasPrefix(base, "pagemap-") || strings.HasPrefix(base, "pages-")
+}
+
+// PageImages lists the page images in dir's CRIU image directory (slash-separated paths,
+// relative to dir), sorted.
+func PageImages(dir string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(dir, ImagesDir))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		p := ImagesDir + "/" + e.Name()
+		if e.Type().IsRegular() && IsPageImage(p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// pageStampFiles returns the stamp entries of dir's page images.
+func pageStampFiles(dir string) ([]stampFile, error) {
+	pages, err := PageImages(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]stampFile, 0, len(pages))
+	for _, p := range pages {
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(p)))
+		if err != nil {
+			return nil, err
+		}
+		sys, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("%s: not a regular file", p)
+		}
+		out = append(out, stampFile{Path: p, Size: fi.Size(), Ino: sys.Ino, CtimeNs: sys.Ctim.Nano()})
+	}
+	return out, nil
+}
+
+// stampedPages returns the page images a stamp records (those that are not m's files).
+func stampedPages(st stamp, m *Manifest) map[string]bool {
+	if m.PageStream == nil {
+		return nil
+	}
+	listed := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		listed[f.Path] = true
+	}
+	pages := map[string]bool{}
+	for _, f := range st.Files {
+		if !listed[f.Path] && IsPageImage(f.Path) {
+			pages[f.Path] = true
+		}
+	}
+	return pages
+}

@@ -1,0 +1,447 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// Copy mode: CRIU's page stream travels on its own connection to the receiver, beside the
+// checkpoint's. On the source, CRIU (`runc checkpoint --page-server`) connects to a PageRelay
+// on 127.0.0.1; the relay forwards the stream over a connection to the receiver (mutual TLS
+// between hosts, as Send's) and digests it as it goes. The receiver hands the bytes to a
+// `criu page-server --ps-socket` that it runs itself on a socket it made (no port is opened on
+// the destination) and digests them as they arrive. The page images land in a staging directory
+// that the checkpoint's own transfer (same name, its manifest's PageStream) adopts once both
+// digests agree. Page-server responses flow back on the same connection.
+
+// pagesSuffix names the staging directory of a page stream: <StagingPrefix><name><pagesSuffix>.
+const pagesSuffix = ".pages"
+
+// ErrPageStream: the page stream for a checkpoint is missing, failed, or differs from the one
+// its signed manifest records.
+var ErrPageStream = errors.New("page stream")
+
+// pageStream is a page stream a receiver is receiving or has received, by checkpoint name.
+type pageStream struct {
+	dir     string
+	done    chan struct{} // closed once the stream ended and CRIU's page server exited
+	adopted chan struct{} // closed once the checkpoint's transfer adopted or discarded them
+	once    sync.Once
+	lost    error // why the checkpoint's transfer discarded them
+	// set before done is closed
+	digest string
+	size   int64
+	err    error
+}
+
+// pagesDone is what receive returns for a page stream: Handle writes no verdict (the connection
+// carried the page server's own answers) and reports err.
+type pagesDone struct{ err error }
+
+func (p pagesDone) Error() string {
+	if p.err == nil {
+		return "page stream received"
+	}
+	return p.err.Error()
+}
+
+// receivePages runs CRIU's page server for the page stream of checkpoint name arriving on br
+// (conn is the connection, for the answers), into a staging directory under root, and keeps the
+// result for the checkpoint's transfer (adoptPages). It waits, at most IdleTimeout after the
+// stream ended, for that transfer to adopt the pages, then removes what is left.
+func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string) error {
+	if err := ValidName(name); err != nil {
+		return pagesDone{err}
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
+	}
+	ps := &pageStream{dir: filepath.Join(root, StagingPrefix+name+pagesSuffix), done: make(chan struct{}), adopted: make(chan struct{})}
+	r.mu.Lock()
+	if r.pages == nil {
+		r.pages = map[string]*pageStream{}
+	}
+	if _, busy := r.pages[name]; busy {
+		r.mu.Unlock()
+		return pagesDone{fmt.Errorf("receive pages of %s: %w: a page stream of that name is in progress", name, ErrExists)}
+	}
+	r.pages[name] = ps
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.pages, name)
+		r.mu.Unlock()
+		_ = os.RemoveAll(ps.dir)
+	}()
+	if err := os.Mkdir(ps.dir, 0o700); err != nil {
+		ps.err = err
+		close(ps.done)
+		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
+	}
+	ps.digest, ps.size, ps.err = r.servePages(ctx, br, conn, ps.dir)
+	close(ps.done)
+	_ = conn.Close()
+	if ps.err != nil {
+		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, ps.err)}
+	}
+	idle := r.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	select {
+	case <-ps.adopted:
+		if ps.lost != nil {
+			return pagesDone{fmt.Errorf("receive pages of %s: discarded: %w", name, ps.lost)}
+		}
+		return pagesDone{}
+	case <-time.After(idle):
+		return pagesDone{fmt.Errorf("receive pages of %s: %w: no checkpoint adopted them within %v; removed", name, ErrPageStream, idle)}
+	case <-ctx.Done():
+		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, ctx.Err())}
+	}
+}
+
+// servePages runs `criu page-server --ps-socket` into dir on one end of a loopback TCP
+// connection the receiver makes itself, copies the stream from br into it (digesting it) and the
+// page server's answers back to conn. It returns the stream's digest and length once the source
+// ended the stream and the page server exited; its log's last errors if it failed.
+func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string) (string, int64, error) {
+	// Handle bounded the greeting's write by the handshake deadline: the page server's answers
+	// come back over this connection for as long as the stream lasts
+	_ = conn.SetWriteDeadline(time.Time{})
+	ours, theirs, err := loopbackPair()
+	if err != nil {
+		return "", 0, err
+	}
+	defer ours.Close()
+	f, err := theirs.(*net.TCPConn).File()
+	theirs.Close()
+	if err != nil {
+		return "", 0, err
+	}
+	logFile := filepath.Join(dir, "page-server.log")
+	criu := r.CRIU
+	if criu == "" {
+		criu = "criu"
+	}
+	cmd := exec.CommandContext(ctx, criu, "page-server", "--images-dir", dir, "--ps-socket", "3", "-o", logFile, "-v2")
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return "", 0, fmt.Errorf("start criu page-server: %w", err)
+	}
+	f.Close()
+	h := sha256.New()
+	var n int64
+	back := make(chan error, 1)
+	go func() { // the page server's answers, to the source
+		_, err := io.Copy(conn, ours)
+		back <- err
+	}()
+	n, cerr := readFrames(ours, br, h)
+	if cw, ok := ours.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	werr := cmd.Wait()
+	select { // the page server's last answers, up to its end of the socket closing with it
+	case <-back:
+	case <-time.After(HandshakeTimeout):
+	}
+	_ = ours.Close()
+	if cerr != nil {
+		return "", n, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStream, n, cerr)
+	}
+	if werr != nil {
+		return "", n, fmt.Errorf("%w: criu page-server: %w%s", ErrPageStream, werr, logErrors(logFile))
+	}
+	return checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// The page stream travels in frames, so that a cut link is never taken for the stream's end: a
+// 4-byte big-endian length, then that many bytes of CRIU's stream; a frame of length 0 ends it.
+const maxFrame = 1 << 20
+
+// writeFrames copies CRIU's stream from r to w in frames, hashing it into h, and ends it with an
+// empty frame when r ends. It returns the stream's length.
+func writeFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	buf := make([]byte, 4+maxFrame)
+	var n int64
+	for {
+		k, rerr := r.Read(buf[4:])
+		if k > 0 {
+			h.Write(buf[4 : 4+k])
+			binary.BigEndian.PutUint32(buf[:4], uint32(k))
+			if _, err := w.Write(buf[:4+k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			binary.BigEndian.PutUint32(buf[:4], 0)
+			_, err := w.Write(buf[:4])
+			return n, err
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// readFrames copies a framed page stream from r to w, hashing it into h, up to its end frame;
+// a stream that ends before it was cut (io.ErrUnexpectedEOF).
+func readFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	buf := make([]byte, maxFrame) // whole frames: one read, one hash and one write each
+	var hdr [4]byte
+	var n int64
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, err
+		}
+		k := int(binary.BigEndian.Uint32(hdr[:]))
+		if k == 0 {
+			return n, nil
+		}
+		if k > maxFrame {
+			return n, fmt.Errorf("%w: page stream frame of %d bytes", ErrProtocol, k)
+		}
+		if _, err := io.ReadFull(r, buf[:k]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, err
+		}
+		h.Write(buf[:k])
+		if _, err := w.Write(buf[:k]); err != nil {
+			return n, err
+		}
+		n += int64(k)
+	}
+}
+
+// adoptPages moves the page images of checkpoint name's page stream into staging's CRIU image
+// directory, once the stream's digest and length equal m.PageStream's (signed by the source).
+// Without a PageStream in m it does nothing.
+func (r *Receiver) adoptPages(ctx context.Context, name, staging string, m *checkpoint.Manifest) error {
+	if m.PageStream == nil {
+		return nil
+	}
+	r.mu.Lock()
+	ps := r.pages[name]
+	r.mu.Unlock()
+	if ps == nil {
+		return fmt.Errorf("%w: the manifest records a page stream (%s, %d bytes), but none arrived for %s", ErrPageStream, m.PageStream.Digest, m.PageStream.Size, name)
+	}
+	select {
+	case <-ps.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if ps.err != nil {
+		return ps.err
+	}
+	if ps.digest != m.PageStream.Digest || ps.size != m.PageStream.Size {
+		return fmt.Errorf("%w: received %s (%d bytes), the signed manifest records %s (%d bytes)", ErrPageStream, ps.digest, ps.size, m.PageStream.Digest, m.PageStream.Size)
+	}
+	ents, err := os.ReadDir(ps.dir)
+	if err != nil {
+		return err
+	}
+	images := filepath.Join(staging, checkpoint.ImagesDir)
+	for _, e := range ents {
+		p := checkpoint.ImagesDir + "/" + e.Name()
+		if !checkpoint.IsPageImage(p) || !e.Type().IsRegular() {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(images, e.Name())); err == nil {
+			return fmt.Errorf("%w: %s is both in the checkpoint and in its page stream", ErrPageStream, p)
+		}
+		if err := os.Rename(filepath.Join(ps.dir, e.Name()), filepath.Join(images, e.Name())); err != nil {
+			return err
+		}
+	}
+	ps.once.Do(func() { close(ps.adopted) })
+	return nil
+}
+
+// discardPages ends checkpoint name's page stream, if any, because its checkpoint's transfer
+// failed with err: the page stream's handler removes what it received.
+func (r *Receiver) discardPages(name string, err error) {
+	r.mu.Lock()
+	ps := r.pages[name]
+	r.mu.Unlock()
+	if ps != nil {
+		ps.once.Do(func() { ps.lost = err; close(ps.adopted) })
+	}
+}
+
+// loopbackPair returns both ends of a TCP connection on 127.0.0.1 that nobody else can take:
+// the listener accepts until the peer is the end it dialed itself.
+func loopbackPair() (net.Conn, net.Conn, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	for {
+		b, err := ln.Accept()
+		if err != nil {
+			a.Close()
+			return nil, nil, err
+		}
+		if b.RemoteAddr().String() == a.LocalAddr().String() {
+			return a, b, nil
+		}
+		b.Close()
+	}
+}
+
+// logErrors returns "; CRIU says: " and the last error lines of a CRIU log, or "".
+func logErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 3 {
+		errs = errs[len(errs)-3:]
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return "; CRIU says: " + strings.Join(errs, " | ")
+}
+
+// PageRelay is the source's end of a page stream: CRIU connects to Addr (127.0.0.1) as its page
+// server; the relay forwards the stream to a receiver and digests it.
+type PageRelay struct {
+	ln   net.Listener
+	done chan struct{}
+	res  checkpoint.PageStream
+	err  error
+}
+
+// StartPageRelay announces checkpoint name's page stream on conn (a receiver's connection,
+// greeted or not) and listens on 127.0.0.1 for CRIU's page client. It accepts one connection,
+// from a socket owned by root (the shim's CRIU), and relays it both ways until CRIU ends it.
+// conn is the relay's: it is closed when the relay ends.
+func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay, error) {
+	if err := ValidName(name); err != nil {
+		return nil, fmt.Errorf("page relay: %w", err)
+	}
+	if _, err := Handshake(conn); err != nil {
+		return nil, fmt.Errorf("page relay for %s: %w", name, err)
+	}
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true})
+	if err != nil {
+		return nil, err
+	}
+	_ = conn.SetWriteDeadline(time.Now().Add(HandshakeTimeout))
+	if _, err := conn.Write(append(line, '\n')); err != nil {
+		return nil, fmt.Errorf("page relay for %s: %w", name, err)
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("page relay for %s: %w", name, err)
+	}
+	p := &PageRelay{ln: ln, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		defer conn.Close()
+		p.res, p.err = p.relay(ctx, conn)
+	}()
+	return p, nil
+}
+
+// Addr is where CRIU's page client connects (ADDR:PORT on 127.0.0.1).
+func (p *PageRelay) Addr() string { return p.ln.Addr().String() }
+
+func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageStream, error) {
+	stop := context.AfterFunc(ctx, func() { _ = p.ln.Close(); _ = conn.Close() })
+	defer stop()
+	var c net.Conn
+	for {
+		var err error
+		if c, err = p.ln.Accept(); err != nil {
+			return checkpoint.PageStream{}, fmt.Errorf("%w: CRIU never connected: %w", ErrPageStream, err)
+		}
+		if rootPeer(c) {
+			break
+		}
+		c.Close() // not the shim's CRIU
+	}
+	_ = p.ln.Close()
+	defer c.Close()
+	stop2 := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop2()
+	back := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, conn)
+		// the receiver ended the stream: CRIU, perhaps waiting for an answer, must see it end
+		_ = c.(*net.TCPConn).CloseWrite()
+		back <- err
+	}()
+	var h hash.Hash = sha256.New()
+	n, err := writeFrames(conn, c, h)
+	if cw, ok := underlying(conn).(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	if err != nil {
+		return checkpoint.PageStream{}, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStream, n, err)
+	}
+	select { // the receiver closes once its page server exited
+	case <-back:
+	case <-ctx.Done():
+		return checkpoint.PageStream{}, ctx.Err()
+	}
+	return checkpoint.PageStream{Digest: checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+}
+
+// Wait returns the stream's digest and length once CRIU ended it and the receiver closed.
+func (p *PageRelay) Wait(ctx context.Context) (checkpoint.PageStream, error) {
+	select {
+	case <-p.done:
+		return p.res, p.err
+	case <-ctx.Done():
+		return checkpoint.PageStream{}, ctx.Err()
+	}
+}
+
+// Close stops the relay (a failed move); the receiver removes what it got.
+func (p *PageRelay) Close() { _ = p.ln.Close() }
+
+func underlying(c net.Conn) net.Conn {
+	if g, ok := c.(Greeted); ok {
+		return g.Conn
+	}
+	return c
+}

@@ -1,0 +1,173 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// fakeCRIU writes a "criu" that, as `criu page-server --images-dir D --ps-socket 3 ...`, copies
+// the stream into D/pages-1.img and answers "ok" (a stand-in for CRIU's protocol answers).
+func fakeCRIU(t *testing.T) string { return fakeCRIUSlow(t, 0) }
+
+// fakeCRIUSlow is fakeCRIU answering only after delay seconds.
+func fakeCRIUSlow(t *testing.T, delay float64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\ncat <&3 >\"$3/pages-1.img\" && sleep %g && printf ok >&3\n", delay)
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// sendPages plays CRIU's page client: it streams data to the relay and reads the answer.
+func sendPages(t *testing.T, relay *PageRelay, data []byte) string {
+	t.Helper()
+	c, err := net.Dial("tcp", relay.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	var answer bytes.Buffer
+	_, _ = answer.ReadFrom(c)
+	return answer.String()
+}
+
+func TestPageStreamAdopted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	// the page server answers after the handshake deadline: a stream may outlast it (1 GiB did)
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIUSlow(t, 0.5), HandshakeTimeout: 200 * time.Millisecond})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("page"), 300000)
+	if got := sendPages(t, relay, data); got != "ok" {
+		t.Fatalf("the page server's answer did not come back through the relay: %q (receiver: %v)", got, wait(t, out).err)
+	}
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if want := checkpoint.DigestAlgorithm + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(len(data)) {
+		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, len(data))
+	}
+
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	for _, p := range []string{"pages-1.img", "pages-2.img"} { // copy mode: no page images at the source
+		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if o := wait(t, out); o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	final := filepath.Join(root, "c1")
+	if b, err := os.ReadFile(filepath.Join(final, "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("page image not adopted intact: %v", err)
+	}
+	assertRootClean(t, root, "c1")
+	m, err := checkpoint.ReadManifest(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stamped, err := checkpoint.VerifyStamped(final, m); err != nil || !stamped {
+		t.Fatalf("VerifyStamped = %v, %v; want the receiver's stamp to cover the page images", stamped, err)
+	}
+	if err := checkpoint.Verify(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
+		t.Fatalf("Verify without the stamp = %v, want ErrPagesUnverified", err)
+	}
+	if err := os.WriteFile(filepath.Join(final, "checkpoint", "pages-1.img"), []byte("tampered"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.VerifyStamped(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
+		t.Fatalf("VerifyStamped after a page image changed = %v, want ErrPagesUnverified", err)
+	}
+}
+
+func TestPageStreamDigestMismatchRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendPages(t, relay, []byte("the pages that arrived"))
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.Digest = checkpoint.DigestAlgorithm + hex.EncodeToString(make([]byte, 32)) // signed something else
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	// makeCheckpoint's own pages-*.img are listed files here; the stream's would collide, but
+	// the digest is checked first
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); !errors.Is(err, ErrRejected) {
+		t.Fatalf("Send = %v, want ErrRejected", err)
+	}
+	wait(t, out)
+	wait(t, out)
+	assertRootClean(t, root)
+}
+
+// TestPageStreamCut cuts the relay's connection mid-stream: the relay reports the cut (the move
+// fails and the source resumes), and the receiver keeps nothing.
+func TestPageStreamCut(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t), IdleTimeout: 300 * time.Millisecond})
+	conn := &cutConn{Conn: dial(t, addr), limit: 200 << 10}
+	relay, err := StartPageRelay(context.Background(), conn, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // CRIU's page client: the relay drops it when the link is cut
+		if c, err := net.Dial("tcp", relay.Addr()); err == nil {
+			_, _ = c.Write(bytes.Repeat([]byte("page"), 1<<20))
+			c.Close()
+		}
+	}()
+	if _, err := relay.Wait(context.Background()); !errors.Is(err, ErrPageStream) {
+		t.Fatalf("relay.Wait = %v, want ErrPageStream (cut)", err)
+	}
+	if o := wait(t, out); o.err == nil {
+		t.Fatal("receiver reported no error for a page stream nobody adopted")
+	}
+	assertRootClean(t, root)
+}

@@ -1,0 +1,382 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/test/image"
+	"github.com/berth-dev/berth/test/node"
+	"github.com/berth-dev/berth/test/workload/client"
+)
+
+// BenchmarkStream measures the downtime of a move as the workload's own client sees it: the gap
+// between the last token streamed from the source and the first streamed from the destination.
+// One session streams (5 ms between tokens) while the workload, holding 256 MiB and 1 GiB of
+// weights (BERTH_BENCH_MIB), is moved four ways, one run each:
+//
+//	raw     CRIU alone on one node: `criu dump --tcp-close` of the workload run as a plain
+//	        process, images in a directory, then `criu restore` (the issue's A)
+//	ps      CRIU's page server: `criu page-server` on the "destination", `criu dump --page-server`,
+//	        the non-memory images copied beside the pages, `criu restore` (B)
+//	stored  berthctl migrate --mode stored between two containerd nodes
+//	copy    berthctl migrate --mode copy
+//
+// The client notices the source stalled (no token for 20 ms), then polls the destination every
+// 5 ms and resumes the session there at the next token. Metrics per size: each path's downtime
+// in ms, copy-downtime/raw, stored-downtime/raw, ps-downtime/raw, and berth's own view of the copy
+// move (migrate's downtimeMs, and afterMs: the source's teardown, off the critical path).
+func BenchmarkStream(b *testing.B) {
+	c := needCluster(b)
+	prewarm := prewarmMemory(b)
+	infer := filepath.Join(b.TempDir(), "infer")
+	if out, err := exec.Command("go", "build", "-o", infer, image.WorkloadPackage).CombinedOutput(); err != nil {
+		b.Fatalf("build the workload for the raw CRIU paths: %v\n%s", err, out)
+	}
+	var rows []streamRow
+	for _, mib := range benchSizes(b) {
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
+			needResources(b, c, mib)
+			r := benchStreamSize(b, c, infer, mib)
+			// a benchmark with sub-benchmarks reports nothing itself: the ratios are a leaf of their own
+			b.Run("summary", func(b *testing.B) {
+				b.ReportMetric(0, "ns/op")
+				b.ReportMetric(ratio(r.copy, r.raw), "copy-downtime/raw")
+				b.ReportMetric(ratio(r.stored, r.raw), "stored-downtime/raw")
+				b.ReportMetric(ratio(r.ps, r.raw), "ps-downtime/raw")
+				b.ReportMetric(ratio(r.copy, r.stored), "copy-downtime/stored")
+				b.ReportMetric(r.copyReported, "copy-migrate-downtime-ms")
+				b.ReportMetric(r.copyAfter, "copy-teardown-ms")
+			})
+			rows = append(rows, r)
+		})
+	}
+	if len(rows) > 0 {
+		fmt.Println()
+		fmt.Println(prewarm)
+		fmt.Println("downtime seen by the workload's client (last token from the source -> first from the destination), one run:")
+		fmt.Printf("%8s %9s %9s %9s %9s %10s %12s %10s %14s %12s\n", "MiB", "raw ms", "ps ms", "stored ms", "copy ms",
+			"copy/raw", "stored/raw", "ps/raw", "copy migrate", "teardown")
+		for _, r := range rows {
+			fmt.Printf("%8d %9s %9s %9s %9s %10.2f %12.2f %10.2f %11.0f ms %9.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.stored), ms(r.copy),
+				ratio(r.copy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), r.copyReported, r.copyAfter)
+		}
+		// the curve, drawn from these results: BERTH_BENCH_PLOT names the file (default
+		// _output/bench-stream.png in the repository)
+		plotPath := os.Getenv("BERTH_BENCH_PLOT")
+		if plotPath == "" {
+			plotPath = filepath.Join("..", "..", "_output", "bench-stream.png")
+		}
+		if err := plotStream(rows, plotPath); err != nil {
+			b.Logf("no plot: %v", err)
+		} else {
+			fmt.Println("plot:", plotPath)
+		}
+	}
+}
+
+type streamRow struct {
+	mib                         int
+	raw, ps, stored, copy       time.Duration
+	copyReported, copyAfter     float64 // migrate's own downtimeMs and afterMs, copy mode
+	storedReported, storedAfter float64
+}
+
+func benchStreamSize(b *testing.B, c *node.Cluster, infer string, mib int) streamRow {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	work := filepath.Join(filepath.Dir(c.Nodes[0].Dir), fmt.Sprintf("bench-stream-%d", mib))
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(work) })
+	r := streamRow{mib: mib}
+	// each path in its own sub-benchmark: one that fails leaves the others' figures (0 for it)
+	report := func(b *testing.B, d time.Duration) {
+		b.ReportMetric(0, "ns/op")
+		b.ReportMetric(float64(d.Microseconds())/1000, "downtime-ms")
+	}
+	b.Run("raw", func(b *testing.B) { r.raw = benchStreamRaw(ctx, b, infer, mib, work, false); report(b, r.raw) })
+	b.Run("ps", func(b *testing.B) { r.ps = benchStreamRaw(ctx, b, infer, mib, work, true); report(b, r.ps) })
+	b.Run("stored", func(b *testing.B) {
+		r.stored, r.storedReported, r.storedAfter = benchStreamBerth(ctx, b, c, mib, work, "stored")
+		report(b, r.stored)
+	})
+	b.Run("copy", func(b *testing.B) {
+		r.copy, r.copyReported, r.copyAfter = benchStreamBerth(ctx, b, c, mib, work, "copy")
+		report(b, r.copy)
+	})
+	return r
+}
+
+// downtimeWatch streams one session from src and, once moved is closed and the source stalled,
+// resumes it on whatever dst returns (nil while the destination is not there yet).
+type downtimeWatch struct {
+	mu       sync.Mutex
+	last     time.Time // arrival of the last token from the source
+	lastIdx  int
+	first    time.Time // arrival of the first token from the destination
+	done     chan struct{}
+	err      error
+	started  chan struct{}
+	startOne sync.Once
+}
+
+const watchTokens = 1 << 20
+
+func watchDowntime(ctx context.Context, src client.Target, dst func(context.Context) *client.Target, moved <-chan struct{}) *downtimeWatch {
+	w := &downtimeWatch{done: make(chan struct{}), started: make(chan struct{}), lastIdx: -1}
+	ctx, cancel := context.WithCancel(ctx)
+	req := client.Request{Session: "dt", Prompt: "measure the downtime", N: watchTokens, Delay: 5 * time.Millisecond, IdleTimeout: -1,
+		OnToken: func(i int, _ string) {
+			w.mu.Lock()
+			w.last, w.lastIdx = time.Now(), i
+			w.mu.Unlock()
+			if i >= 20 {
+				w.startOne.Do(func() { close(w.started) })
+			}
+		}}
+	go func() { _, _ = client.Stream(ctx, src, req) }()
+	go func() {
+		defer close(w.done)
+		defer cancel()
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			w.err = ctx.Err()
+			return
+		}
+		for ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+			w.mu.Lock()
+			stalled, from := time.Since(w.last) > 20*time.Millisecond, w.lastIdx+1
+			w.mu.Unlock()
+			if !stalled {
+				continue
+			}
+			t := dst(ctx)
+			if t == nil {
+				continue
+			}
+			got := make(chan struct{})
+			var once sync.Once
+			sctx, scancel := context.WithCancel(ctx)
+			r2 := client.Request{Session: "dt", N: watchTokens, From: from, Delay: 5 * time.Millisecond, IdleTimeout: 10 * time.Second,
+				OnToken: func(int, string) {
+					once.Do(func() {
+						w.mu.Lock()
+						w.first = time.Now()
+						w.mu.Unlock()
+						close(got)
+						scancel()
+					})
+				}}
+			_, _ = client.Stream(sctx, *t, r2)
+			scancel()
+			select {
+			case <-got:
+				return
+			default:
+			}
+		}
+		w.err = ctx.Err()
+	}()
+	return w
+}
+
+// wait returns the downtime once the destination streamed.
+func (w *downtimeWatch) wait(ctx context.Context, b *testing.B) time.Duration {
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		b.Fatal("no token from the destination")
+	}
+	if w.err != nil {
+		b.Fatalf("downtime watch: %v", w.err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.first.Sub(w.last)
+}
+
+func (w *downtimeWatch) waitStarted(ctx context.Context, b *testing.B) {
+	select {
+	case <-w.started:
+	case <-ctx.Done():
+		b.Fatal("the session never streamed from the source")
+	case <-time.After(2 * time.Minute):
+		b.Fatal("the session never streamed from the source")
+	}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(b *testing.B) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// benchStreamRaw runs the workload as a plain process and moves it with CRIU alone on this
+// node: to an image directory (A), or through `criu page-server` (B, pageServer).
+func benchStreamRaw(ctx context.Context, b *testing.B, infer string, mib int, work string, pageServer bool) time.Duration {
+	criuBin, err := exec.LookPath("criu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	kind := "raw"
+	if pageServer {
+		kind = "ps"
+	}
+	dir := filepath.Join(work, kind)
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	for _, d := range []string{src, dst} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			b.Fatal(err)
+		}
+	}
+	defer os.RemoveAll(dir)
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+	cmd := exec.Command(infer, "-listen", listen, "-weights-mib", strconv.Itoa(mib), "-seed", "7", "-delay-ms", "0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // its own session: no --shell-job
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}()
+	t := client.Target{BaseURL: "http://" + listen}
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer wcancel()
+	if err := client.WaitReady(wctx, t, 20*time.Millisecond); err != nil {
+		b.Fatalf("%s workload: %v", kind, err)
+	}
+	moved := make(chan struct{})
+	restored := make(chan struct{})
+	w := watchDowntime(ctx, t, func(context.Context) *client.Target {
+		select {
+		case <-restored:
+			return &t
+		default:
+			return nil
+		}
+	}, moved)
+	w.waitStarted(ctx, b)
+	run := func(args ...string) {
+		if out, err := exec.CommandContext(ctx, criuBin, args...).CombinedOutput(); err != nil {
+			b.Fatalf("criu %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	pid := strconv.Itoa(cmd.Process.Pid)
+	close(moved)
+	if pageServer {
+		port := strconv.Itoa(freePort(b))
+		ps := exec.CommandContext(ctx, criuBin, "page-server", "--images-dir", dst, "--address", "127.0.0.1", "--port", port,
+			"-o", filepath.Join(dir, "page-server.log"))
+		if err := ps.Start(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the page server listens (it has no readiness signal without --status-fd)
+		run("dump", "-t", pid, "--tcp-close", "--page-server", "--address", "127.0.0.1", "--port", port, "-D", src, "-o", "dump.log")
+		if err := ps.Wait(); err != nil {
+			b.Fatalf("criu page-server: %v", err)
+		}
+		ents, _ := os.ReadDir(src)
+		for _, e := range ents {
+			if e.Name() == "dump.log" {
+				continue
+			}
+			data, err := os.ReadFile(filepath.Join(src, e.Name()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dst, e.Name()), data, 0o600); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		run("dump", "-t", pid, "--tcp-close", "-D", src, "-o", "dump.log")
+		dst = src
+	}
+	<-exited // CRIU ended the source
+	pidfile := filepath.Join(dir, "restored.pid")
+	run("restore", "-d", "--tcp-close", "-D", dst, "-o", "restore.log", "--pidfile", pidfile)
+	close(restored)
+	defer func() {
+		if b, err := os.ReadFile(pidfile); err == nil {
+			if p, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+	}()
+	return w.wait(ctx, b)
+}
+
+// benchStreamBerth moves the workload with berthctl migrate --mode mode and returns the
+// client's downtime and migrate's own downtimeMs and afterMs.
+func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, work, mode string) (time.Duration, float64, float64) {
+	src, dst := c.Nodes[0], c.Nodes[1]
+	id := fmt.Sprintf("bench-stream-%s-%d", mode, mib)
+	destID, name := id+"-moved", id+"-ckpt"
+	pid := startInfer(ctx, b, src, id, berthRuntime, mib)
+	b.Cleanup(func() {
+		_ = dst.Remove(context.Background(), destID)
+		os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
+	})
+	srcT := client.Target{BaseURL: "http://" + inferListen, DialContext: node.NetnsDialer(int(pid))}
+	moved := make(chan struct{})
+	w := watchDowntime(ctx, srcT, func(ctx context.Context) *client.Target {
+		p, _, err := dst.TaskPID(ctx, destID)
+		if err != nil || p == 0 {
+			return nil
+		}
+		return &client.Target{BaseURL: "http://" + inferListen, DialContext: node.NetnsDialer(int(p))}
+	}, moved)
+	w.waitStarted(ctx, b)
+	args := []string{"migrate", "--mode", mode, "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--root", dst.CheckpointRoot, "--id", destID, "--work-dir", filepath.Join(work, "outgoing"),
+		"--name", name, "--log", filepath.Join(dst.Dir, destID+".log"), "-o", "json", id}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	close(moved)
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("berthctl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	d := w.wait(ctx, b)
+	var res struct {
+		DowntimeMs, AfterMs float64
+		Phases              []struct {
+			Name string
+			Ms   float64
+		}
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		b.Fatalf("migrate's JSON: %v\n%s", err, stdout.String())
+	}
+	var phases []string
+	for _, p := range res.Phases {
+		phases = append(phases, fmt.Sprintf("%s %.0f", p.Name, p.Ms))
+	}
+	b.Logf("%s %d MiB: client downtime %v, migrate downtimeMs %.0f afterMs %.0f; phases (ms): %s", mode, mib, d, res.DowntimeMs, res.AfterMs, strings.Join(phases, ", "))
+	_ = dst.Remove(ctx, destID)
+	_ = src.Remove(ctx, id)
+	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
+	return d, res.DowntimeMs, res.AfterMs
+}
