@@ -118,6 +118,8 @@ type Error struct {
 	Message string
 }
 
+// Error names the CUDA driver call, its CUresult name (or code), the driver's message, and
+// the berth class of the code (gpu.Err*) when it has one.
 func (e *Error) Error() string {
 	name := e.Name
 	if name == "" {

@@ -30,6 +30,7 @@ type ParseError struct {
 	Err    error
 }
 
+// Error names where the parse failed (line, row, column, the value cut to 40 bytes) and why.
 func (e *ParseError) Error() string {
 	var b strings.Builder
 	b.WriteString("parse nvidia-smi topology")
@@ -54,6 +55,7 @@ func (e *ParseError) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the cause (ErrMalformed and the like), for errors.Is.
 func (e *ParseError) Unwrap() error { return e.Err }
 
 // Parse reads the text that `nvidia-smi topo -m` prints and returns the GPU topology it

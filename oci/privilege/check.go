@@ -30,6 +30,8 @@ type Violation struct {
 	Excess string
 }
 
+// String is the violation as one clause: subject, field, the excess (when a set has one), and
+// what the process has against what the destination grants.
 func (v Violation) String() string {
 	if v.Excess != "" {
 		return fmt.Sprintf("%s: %s: %s beyond the destination (has %s; destination %s)",
@@ -47,6 +49,7 @@ type Error struct {
 	Violations []Violation
 }
 
+// Error lists the first maxListed violations (Violation.String) and how many more there are.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("privilege: ")

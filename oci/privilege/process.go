@@ -17,6 +17,7 @@ const (
 	SeccompFilter   SeccompMode = 2
 )
 
+// String is the mode's name: "disabled", "strict", "filter", or "mode N" for another value.
 func (m SeccompMode) String() string {
 	switch m {
 	case SeccompDisabled:

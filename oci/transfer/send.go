@@ -21,7 +21,7 @@ const (
 	// ProgressInterval has passed or ProgressBytes (bytes) have been sent since the previous
 	// one, whichever comes first.
 	ProgressInterval = 100 * time.Millisecond
-	ProgressBytes    = 8 << 20
+	ProgressBytes    = 8 << 20 // bytes
 
 	// maxVerdictBytes bounds the verdict line a sender reads, in bytes.
 	maxVerdictBytes = 64 << 10

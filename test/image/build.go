@@ -28,7 +28,7 @@ const (
 	// RedisServer and RedisCLI are the host paths of the Debian redis-server and redis-tools
 	// binaries, copied to the same image paths by BuildRedis.
 	RedisServer = "/usr/bin/redis-server"
-	RedisCLI    = "/usr/bin/redis-cli"
+	RedisCLI    = "/usr/bin/redis-cli" // see RedisServer
 	// RedisAddr is the address Redis listens on inside its container's network namespace.
 	RedisAddr = "127.0.0.1:6379"
 

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/test/image"
@@ -113,46 +112,11 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 		return nil, err
 	}
 
-	rep := &InferenceReport{Streams: make([][]string, o.Sessions), Reference: make([][]string, o.Sessions)}
-	moved := make(chan struct{})
+	rep := &InferenceReport{}
 	var moveErr error
-	var reached sync.WaitGroup
-	reached.Add(o.Sessions)
-	var wg sync.WaitGroup
-	streamErrs := make([]error, o.Sessions)
 	destID := o.ID + "-moved"
-	for i := 0; i < o.Sessions; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			var once sync.Once
-			req := client.Request{
-				Session: fmt.Sprintf("s%d", i), Prompt: fmt.Sprintf("tell me story number %d", i), N: o.Tokens,
-				IdleTimeout: 90 * time.Second,
-				OnToken: func(idx int, _ string) {
-					if idx+1 >= o.MoveAfter {
-						once.Do(reached.Done)
-					}
-				},
-			}
-			rep.Streams[i], streamErrs[i] = client.Resume(ctx, srcT, req, func(ctx context.Context, attempt int, err error) (client.Target, error) {
-				once.Do(reached.Done)
-				select {
-				case <-moved:
-				case <-ctx.Done():
-					return client.Target{}, ctx.Err()
-				}
-				if moveErr != nil {
-					return client.Target{}, moveErr
-				}
-				if attempt > 5 {
-					return client.Target{}, fmt.Errorf("gave up after %d reconnects: %w", attempt, err)
-				}
-				return client.Target{BaseURL: "http://127.0.0.1:8080", DialContext: node.NetnsDialer(int(rep.DestPID))}, nil
-			})
-		}(i)
-	}
-	reached.Wait()
+	ss := streamSessions(ctx, srcT, o.Sessions, o.Tokens, o.MoveAfter)
+	ss.waitPast()
 	fmt.Fprintf(out, "%d sessions streaming, each past token %d: moving %s from %s to %s\n", o.Sessions, o.MoveAfter, o.ID, src.Name, dst.Name)
 	cmdArgs := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
 		"--root", dst.CheckpointRoot, "--id", destID, "--work-dir", filepath.Join(src.Dir, "outgoing"),
@@ -170,17 +134,12 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 	} else {
 		rep.DestPID, _, moveErr = dst.TaskPID(ctx, destID)
 	}
-	close(moved)
-	wg.Wait()
-	if moveErr != nil {
-		return rep, moveErr
-	}
-	for i, err := range streamErrs {
-		if err != nil {
-			return rep, fmt.Errorf("session s%d: %w", i, err)
-		}
-	}
 	dstT := client.Target{BaseURL: "http://127.0.0.1:8080", DialContext: node.NetnsDialer(int(rep.DestPID))}
+	err = ss.finish(dstT, moveErr)
+	rep.Streams = ss.streams
+	if err != nil {
+		return rep, err
+	}
 	after, err := client.Stats(ctx, dstT)
 	if err != nil {
 		return rep, err
@@ -188,18 +147,8 @@ func MoveInference(ctx context.Context, c *node.Cluster, src, dst *node.Node, o 
 	rep.PrefillsBefore, rep.PrefillsAfter = before.Prefills+int64(o.Sessions), after.Prefills
 	rep.WeightsChecksumBefore, rep.WeightsChecksumAfter = before.WeightsChecksum, after.WeightsChecksum
 	rep.GPUsBefore, rep.GPUsAfter = before.GPUs, after.GPUs
-	m, err := model.New(cfg)
-	if err != nil {
+	if rep.Reference, rep.MatchingSessions, err = ss.compare(cfg, o.Tokens); err != nil {
 		return rep, err
-	}
-	for i := range rep.Streams {
-		toks := m.Reference(fmt.Sprintf("tell me story number %d", i), o.Tokens)
-		for _, t := range toks {
-			rep.Reference[i] = append(rep.Reference[i], t.Word())
-		}
-		if equal(rep.Streams[i], rep.Reference[i]) {
-			rep.MatchingSessions++
-		}
 	}
 	if _, st, err := src.TaskPID(ctx, o.ID); err == nil {
 		rep.SourceStatus = string(st)

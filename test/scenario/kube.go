@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/test/image"
@@ -164,50 +163,11 @@ func MovePod(ctx context.Context, c *node.KubeCluster, src, dst *node.KubeNode, 
 		return nil, err
 	}
 
-	rep := &PodReport{From: src.Name, To: dst.Name, Restored: o.Pod + "-moved", ResumedAt: make([]int, o.Sessions)}
-	rep.Streams, rep.Reference = make([][]string, o.Sessions), make([][]string, o.Sessions)
-	moved := make(chan struct{})
+	rep := &PodReport{From: src.Name, To: dst.Name, Restored: o.Pod + "-moved"}
 	var moveErr error
 	var dstT client.Target
-	var reached, wg sync.WaitGroup
-	reached.Add(o.Sessions)
-	streamErrs := make([]error, o.Sessions)
-	for i := range o.Sessions {
-		rep.ResumedAt[i] = -1
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			var once sync.Once
-			next := 0
-			req := client.Request{
-				Session: fmt.Sprintf("s%d", i), Prompt: fmt.Sprintf("tell me story number %d", i), N: o.Tokens,
-				IdleTimeout: 90 * time.Second,
-				OnToken: func(idx int, _ string) {
-					next = idx + 1
-					if next >= o.MoveAfter {
-						once.Do(reached.Done)
-					}
-				},
-			}
-			rep.Streams[i], streamErrs[i] = client.Resume(ctx, srcT, req, func(ctx context.Context, attempt int, err error) (client.Target, error) {
-				once.Do(reached.Done)
-				select {
-				case <-moved:
-				case <-ctx.Done():
-					return client.Target{}, ctx.Err()
-				}
-				if moveErr != nil {
-					return client.Target{}, moveErr
-				}
-				if attempt > 5 {
-					return client.Target{}, fmt.Errorf("gave up after %d reconnects: %w", attempt, err)
-				}
-				rep.ResumedAt[i] = next
-				return dstT, nil
-			})
-		}(i)
-	}
-	reached.Wait()
+	ss := streamSessions(ctx, srcT, o.Sessions, o.Tokens, o.MoveAfter)
+	ss.waitPast()
 	args := []string{"move", "-n", o.Namespace, o.Pod, "--to", dst.Name, "--name", rep.Restored}
 	fmt.Fprintf(out, "%d sessions streaming, each past token %d: kubectl berth %s\n", o.Sessions, o.MoveAfter, strings.Join(args, " "))
 	cmd, err := KubectlBerth(ctx, c, append(args, KubeMoveArgs(c)...)...)
@@ -229,15 +189,10 @@ func MovePod(ctx context.Context, c *node.KubeCluster, src, dst *node.KubeNode, 
 		rip, moveErr = c.Kubectl(ctx, "-n", o.Namespace, "get", "pod", rep.Restored, "-o", "jsonpath={.status.podIP}")
 		dstT = client.Target{BaseURL: "http://" + rip + ":8080"}
 	}
-	close(moved)
-	wg.Wait()
-	if moveErr != nil {
-		return rep, moveErr
-	}
-	for i, err := range streamErrs {
-		if err != nil {
-			return rep, fmt.Errorf("session s%d: %w", i, err)
-		}
+	err = ss.finish(dstT, moveErr)
+	rep.Streams, rep.ResumedAt = ss.streams, ss.resumedAt
+	if err != nil {
+		return rep, err
 	}
 	after, err := client.Stats(ctx, dstT)
 	if err != nil {
@@ -245,17 +200,8 @@ func MovePod(ctx context.Context, c *node.KubeCluster, src, dst *node.KubeNode, 
 	}
 	rep.PrefillsBefore, rep.PrefillsAfter = before.Prefills+int64(o.Sessions), after.Prefills
 	rep.WeightsChecksumBefore, rep.WeightsChecksumAfter = before.WeightsChecksum, after.WeightsChecksum
-	m, err := model.New(model.Config{WeightsMiB: o.WeightsMiB, Seed: 7})
-	if err != nil {
+	if rep.Reference, rep.MatchingSessions, err = ss.compare(model.Config{WeightsMiB: o.WeightsMiB, Seed: 7}, o.Tokens); err != nil {
 		return rep, err
-	}
-	for i := range rep.Streams {
-		for _, t := range m.Reference(fmt.Sprintf("tell me story number %d", i), o.Tokens) {
-			rep.Reference[i] = append(rep.Reference[i], t.Word())
-		}
-		if equal(rep.Streams[i], rep.Reference[i]) {
-			rep.MatchingSessions++
-		}
 	}
 	if _, err := c.Kubectl(ctx, "-n", o.Namespace, "get", "pod", o.Pod); err != nil {
 		rep.SourceDeleted = strings.Contains(err.Error(), "NotFound")

@@ -112,4 +112,6 @@ func pausedHint(ns, id string) string {
 }
 
 // isPaused reports whether status is paused (containerd's name for it).
-func isPaused(s containerd.ProcessStatus) bool { return strings.EqualFold(string(s), string(containerd.Paused)) }
+func isPaused(s containerd.ProcessStatus) bool {
+	return strings.EqualFold(string(s), string(containerd.Paused))
+}

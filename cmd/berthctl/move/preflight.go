@@ -74,6 +74,7 @@ type Refusal struct {
 	Fix string `json:"fix,omitempty"`
 }
 
+// String is the refusal as one clause: "FIELD is VALUE, needs LIMIT (FIX)".
 func (r Refusal) String() string {
 	s := fmt.Sprintf("%s is %s, needs %s", r.Field, r.Value, r.Limit)
 	if r.Fix != "" {
@@ -89,6 +90,7 @@ var ErrPreflight = fmt.Errorf("destination preflight refused: %w", errdefs.ErrFa
 // PreflightError lists every refusal of a preflight.
 type PreflightError struct{ Refusals []Refusal }
 
+// Error lists every refusal (Refusal.String), joined with "; ".
 func (e *PreflightError) Error() string {
 	parts := make([]string, len(e.Refusals))
 	for i, r := range e.Refusals {
@@ -97,6 +99,7 @@ func (e *PreflightError) Error() string {
 	return "the destination cannot take the container: " + strings.Join(parts, "; ")
 }
 
+// Unwrap returns ErrPreflight, so errors.Is and errdefs classify it as FailedPrecondition.
 func (e *PreflightError) Unwrap() error { return ErrPreflight }
 
 // Preflight checks, before the source is paused, that the destination can restore need: the

@@ -42,7 +42,7 @@ func run(ctx context.Context, dir string, o scenario.PodOptions) error {
 	if err := node.RequireKube(); err != nil {
 		return err
 	}
-	if err := prepareDir(dir); err != nil {
+	if err := scenario.PrepareDir(dir, "berth-demo-k8s"); err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)

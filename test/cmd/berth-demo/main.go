@@ -37,7 +37,7 @@ func run(ctx context.Context, dir string, weights, sessions, tokens, moveAfter i
 	if err := node.Require(); err != nil {
 		return err
 	}
-	if err := prepareDir(dir); err != nil {
+	if err := scenario.PrepareDir(dir, "berth-demo"); err != nil {
 		return err
 	}
 	fmt.Printf("starting two containerd nodes under %s ...\n", dir)
