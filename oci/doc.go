@@ -12,6 +12,9 @@
 //   - oci/fingerprint: what a checkpoint was taken against, probed from /proc and version
 //     commands, compared on restore and published as Node Feature Discovery labels.
 //
-// What belongs here: names only. What does not: formats and functions over them (the
+// It also holds the few runtime-spec readers more than one binary needs (MemoryLimit,
+// IsBindMount).
+//
+// What belongs here: names and those readers. What does not: formats and functions over them (the
 // sub-packages), and anything that talks to containerd, runc, CRIU or a GPU.
 package oci

@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,7 +79,7 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := s.writeManifest(ctx, r, m, known, ph); err != nil {
 		return err
 	}
-	if err := restrictModes(r.Path); err != nil {
+	if err := checkpoint.RestrictModes(r.Path); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
 	}
 	return s.sign(ctx, r)
@@ -118,23 +117,6 @@ func (s *Service) sign(ctx context.Context, r *taskAPI.CheckpointTaskRequest) er
 	}
 	log.G(ctx).WithFields(log.Fields{"path": r.Path, "key": id}).Info("checkpoint signed")
 	return nil
-}
-
-// restrictModes makes every file below dir (CRIU's images hold process memory) readable by its
-// owner only: files 0600, directories 0700. Symbolic links and special files are left alone.
-func restrictModes(dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			return os.Chmod(p, 0o700)
-		case d.Type().IsRegular():
-			return os.Chmod(p, 0o600)
-		}
-		return nil
-	})
 }
 
 // checkpointable returns the task's state when it can be checkpointed: running or paused, and an

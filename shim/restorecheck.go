@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/berth-dev/berth/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -13,7 +14,7 @@ import (
 // Each refusal names the field, its value and what the checkpoint needs.
 func checkRestoreFits(plan *restorePlan, spec *specs.Spec) error {
 	for i, m := range spec.Mounts {
-		if !isBind(m) {
+		if !oci.IsBindMount(m) {
 			continue
 		}
 		if _, err := os.Stat(m.Source); err != nil {
@@ -24,7 +25,7 @@ func checkRestoreFits(plan *restorePlan, spec *specs.Spec) error {
 	if plan == nil {
 		return nil
 	}
-	need, limit := plan.manifest.MemoryBytes(), memoryLimit(spec)
+	need, limit := plan.manifest.MemoryBytes(), oci.MemoryLimit(spec)
 	if limit > 0 && need > limit {
 		return mark(fmt.Errorf("linux.resources.memory.limit is %d bytes, below the %d bytes of memory pages checkpoint %s holds: CRIU would be OOM-killed restoring it; raise the limit to at least %d bytes",
 			limit, need, plan.name(), need), ErrOutOfMemory)

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
@@ -105,7 +106,7 @@ func restoreCause(lines []string, logOK bool, f restoreFacts) *cause {
 		return &cause{ErrCRIUOptions, fmt.Sprintf("CRIU wrote no restore log, so it refused its options: check criu_options in %s and the bundle's %s",
 			f.configName, criuConfigName)}
 	}
-	limit := memoryLimit(f.spec)
+	limit := oci.MemoryLimit(f.spec)
 	for _, l := range lines {
 		if m := criuForkExists.FindStringSubmatch(l); m != nil {
 			return &cause{ErrPIDInUse, fmt.Sprintf("PID %s of the checkpoint is already taken in the PID namespace the container joins (a pod's shared PID namespace, or the host's): CRIU restores every process with its own PID; restore into a container with a PID namespace of its own (Kubernetes: shareProcessNamespace false; ctr: the default), or where PID %s is free",
@@ -170,28 +171,6 @@ func dumpCause(lines []string, logOK bool, configName string) *cause {
 	return nil
 }
 
-// memoryLimit is spec's linux.resources.memory.limit in bytes; 0 when none (or unlimited).
-func memoryLimit(spec *specs.Spec) int64 {
-	if spec == nil || spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil ||
-		spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit <= 0 {
-		return 0
-	}
-	return *spec.Linux.Resources.Memory.Limit
-}
-
-// isBind reports whether m is a bind mount.
-func isBind(m specs.Mount) bool {
-	if m.Type == "bind" {
-		return true
-	}
-	for _, o := range m.Options {
-		if o == "bind" || o == "rbind" {
-			return true
-		}
-	}
-	return false
-}
-
 // bindMountOf returns the bind mount of spec that file (a path in the container) lies on, the
 // deepest one; nil when none.
 func bindMountOf(file string, spec *specs.Spec) *specs.Mount {
@@ -200,7 +179,7 @@ func bindMountOf(file string, spec *specs.Spec) *specs.Mount {
 	}
 	var best *specs.Mount
 	for i, m := range spec.Mounts {
-		if !isBind(m) || m.Destination == "" {
+		if !oci.IsBindMount(m) || m.Destination == "" {
 			continue
 		}
 		d := filepath.Clean(m.Destination)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/berth-dev/berth/oci"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -46,7 +47,7 @@ type tmpfsContent struct {
 func ownedTmpfs(spec *specs.Spec) []specs.Mount {
 	var out []specs.Mount
 	for _, m := range spec.Mounts {
-		if !isBind(m) || m.Source == "" {
+		if !oci.IsBindMount(m) || m.Source == "" {
 			continue
 		}
 		owned := (filepath.Clean(m.Destination) == "/dev/shm" && filepath.Clean(m.Source) != "/dev/shm") ||

@@ -1,5 +1,11 @@
 package checkpoint
 
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
 // The layout of a berth checkpoint directory. It follows the layout the kubelet and checkpointctl
 // use for CRI checkpoint archives, so the same tools can read it:
 //
@@ -45,3 +51,22 @@ const (
 // DefaultRoot is the default checkpoint root of a node: the shim's checkpoint_root (the only
 // place restores read from), and where berthctl receive, restore and migrate put checkpoints.
 const DefaultRoot = "/var/lib/berth/checkpoints"
+
+// RestrictModes makes every file below dir readable by its owner only: regular files 0600,
+// directories (dir included) 0700, because CRIU's images hold process memory. Symbolic links and
+// special files are left alone (a checkpoint has none: its digests refuse them). It returns the
+// first walk or chmod error.
+func RestrictModes(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Chmod(p, 0o700)
+		case d.Type().IsRegular():
+			return os.Chmod(p, 0o600)
+		}
+		return nil
+	})
+}

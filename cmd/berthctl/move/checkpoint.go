@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -266,7 +265,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		}
 	}
 	// CRIU writes its images with its own modes (0644): only root may read process memory
-	if err := restrictModes(o.Dir); err != nil {
+	if err := checkpoint.RestrictModes(o.Dir); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy, lease: lease}
@@ -308,23 +307,6 @@ func writeRootfsDiff(ctx context.Context, c *containerd.Client, snapshotter, key
 		log.G(ctx).WithError(err).Debug("remove rootfs diff blob")
 	}
 	return nil
-}
-
-// restrictModes sets every regular file under dir to mode 0600 and every directory, dir
-// included, to 0700. Symbolic links are left alone (a checkpoint has none; its digests refuse them).
-func restrictModes(dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			return os.Chmod(p, 0o700)
-		case d.Type().IsRegular():
-			return os.Chmod(p, 0o600)
-		}
-		return nil
-	})
 }
 
 func writeJSON(path string, v any) error {

@@ -23,6 +23,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
@@ -132,7 +133,7 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 			}
 		}
 	}
-	limit := specMemoryLimit(need.Spec)
+	limit := oci.MemoryLimit(need.Spec)
 	if limit > 0 && need.MemoryBytes > limit {
 		refuse("linux.resources.memory.limit", strconv.FormatInt(limit, 10)+" bytes", ">= "+strconv.FormatInt(need.MemoryBytes, 10)+" bytes (the container's memory)",
 			"raise the limit, or CRIU is OOM-killed restoring it")
@@ -146,7 +147,7 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 	}
 	if sp := need.Spec; sp != nil {
 		for i, m := range sp.Mounts {
-			if !isBindMount(m) {
+			if !oci.IsBindMount(m) {
 				continue
 			}
 			if _, err := os.Stat(m.Source); err != nil {
@@ -342,26 +343,6 @@ func readCheckpointFiles(p string, names ...string) (map[string][]byte, error) {
 		out[name] = b
 	}
 	return out, nil
-}
-
-func specMemoryLimit(sp *specs.Spec) int64 {
-	if sp == nil || sp.Linux == nil || sp.Linux.Resources == nil || sp.Linux.Resources.Memory == nil ||
-		sp.Linux.Resources.Memory.Limit == nil || *sp.Linux.Resources.Memory.Limit <= 0 {
-		return 0
-	}
-	return *sp.Linux.Resources.Memory.Limit
-}
-
-func isBindMount(m specs.Mount) bool {
-	if m.Type == "bind" {
-		return true
-	}
-	for _, o := range m.Options {
-		if o == "bind" || o == "rbind" {
-			return true
-		}
-	}
-	return false
 }
 
 // hostPIDs reports whether sp shares the host's PID namespace (no pid namespace of its own).
