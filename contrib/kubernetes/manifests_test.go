@@ -168,8 +168,8 @@ func TestRuntimeClass(t *testing.T) {
 var hostPathsAllowed = map[string]map[string]bool{
 	"berth-nri":    {"/var/run/nri": true, "/sys": false, "/dev": false},
 	"berth-labels": {featuresDir: true, "/usr": false},
-	// the checkpoint collector removes checkpoints there and nothing else
-	"berth-checkpoint-gc": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true},
+	// the agent writes received checkpoints and the collector removes checkpoints there, nothing else
+	"berth-agent": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true, "/etc/berth": false},
 }
 
 func TestDaemonSetsLeastPrivilege(t *testing.T) {

@@ -117,7 +117,8 @@ type Receiver struct {
 	// system, beyond what the transfers in progress have yet to write. 0 means
 	// DefaultReserveBytes (1 GiB); negative means no margin.
 	ReserveBytes int64
-	// Verify, if not nil, is called on the staging directory once every file matched the
+	// Verify, if not nil, is called on the directory of the staged berth.json (the staging
+	// directory, or its checkpoint/ for a CRI archive, LayoutCRI) once every file matched the
 	// manifest's digests, before the checkpoint is renamed into place (the berthctl wiring:
 	// signature.Policy.Verify). An error refuses the checkpoint: the staging directory is
 	// removed and the sender told why. ctx ends at the TransferTimeout deadline.
@@ -420,19 +421,38 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		return "", false, fmt.Errorf("receive %s: header manifest: %w", name, err)
 	}
 	lim := r.Limits.WithDefaults()
-	if m.ImageSize > lim.MaxTotalBytes-int64(len(hdr.Manifest)) { // written so it cannot overflow
+	// signed is where berth.json is, relative to the checkpoint directory
+	signed := "."
+	switch hdr.Layout {
+	case "":
+	case LayoutCRI:
+		signed = checkpoint.ImagesDir
+	default:
+		return "", false, fmt.Errorf("receive %s: %w: layout %s", name, ErrProtocol, quote.Value(hdr.Layout))
+	}
+	if signed != "." {
+		// a CRI archive: files beyond the manifest's (containerd's), so only the stream's
+		// length bounds what it extracts
+		if m.ImageSize > hdr.TotalBytes {
+			return "", false, fmt.Errorf("receive %s: %w: stream of %d bytes announced for %d bytes of CRIU images",
+				name, ErrProtocol, hdr.TotalBytes, m.ImageSize)
+		}
+		lim.MaxTotalBytes = min(lim.MaxTotalBytes, hdr.TotalBytes)
+	} else if m.ImageSize > lim.MaxTotalBytes-int64(len(hdr.Manifest)) { // written so it cannot overflow
 		return "", false, fmt.Errorf("receive %s: %w: %d bytes of files and %d of manifest announced, limit %d",
 			name, archive.ErrTotalTooLarge, m.ImageSize, len(hdr.Manifest), lim.MaxTotalBytes)
 	}
-	content := m.ImageSize + int64(len(hdr.Manifest)) // what the stream must extract, in bytes
-	if hdr.TotalBytes < content {
-		return "", false, fmt.Errorf("receive %s: %w: stream of %d bytes announced for %d bytes of files",
-			name, ErrProtocol, hdr.TotalBytes, content)
+	if signed == "." {
+		content := m.ImageSize + int64(len(hdr.Manifest)) // what the stream must extract, in bytes
+		if hdr.TotalBytes < content {
+			return "", false, fmt.Errorf("receive %s: %w: stream of %d bytes announced for %d bytes of files",
+				name, ErrProtocol, hdr.TotalBytes, content)
+		}
+		// room for a berth.sig beside berth.json; an extra file of any other name is refused by
+		// the verification
+		// (content + the smaller of the two cannot overflow: it is at most hdr.TotalBytes)
+		lim.MaxTotalBytes = content + min(int64(len(hdr.Manifest))/3*4+signatureSlack, hdr.TotalBytes-content)
 	}
-	// room for a berth.sig beside berth.json; an extra file of any other name is refused by
-	// the verification
-	// (content + the smaller of the two cannot overflow: it is at most hdr.TotalBytes)
-	lim.MaxTotalBytes = content + min(int64(len(hdr.Manifest))/3*4+signatureSlack, hdr.TotalBytes-content)
 
 	if r.Root == "" {
 		return "", false, fmt.Errorf("receive %s: receiver has no root directory: %w", name, fs.ErrInvalid)
@@ -480,24 +500,37 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	}
 	drained = true
 
-	got, err := checkpoint.ReadManifestBytes(staging)
+	signedDir := filepath.Join(staging, signed)
+	got, err := checkpoint.ReadManifestBytes(signedDir)
 	if err != nil {
 		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if !bytes.Equal(got, hdr.Manifest) {
-		return "", drained, fmt.Errorf("receive %s: %w: the berth.json in the stream differs from the header's", name, ErrProtocol)
+		return "", drained, fmt.Errorf("receive %s: %w: the %s in the stream differs from the header's", name, ErrProtocol, filepath.Join(signed, checkpoint.ManifestFile))
+	}
+	if signed != "." {
+		// the manifest's paths are relative to its own directory
+		known := archive.Digests{}
+		for p, d := range digests {
+			if rel, ok := strings.CutPrefix(p, signed+"/"); ok {
+				known[rel] = d
+			}
+		}
+		digests = known
 	}
 	// digests were computed while extracting: no second read of the files
-	if err := checkpoint.VerifyDigests(staging, m, digests); err != nil {
-		return "", drained, fmt.Errorf("receive %s: %w", name, err)
+	if err := checkpoint.VerifyDigests(signedDir, m, digests); err != nil {
+		return "", drained, fmt.Errorf("receive %s: %s%w", name, strings.TrimPrefix(signed+"/", "./"), err)
 	}
 	if r.Verify != nil {
-		if err := r.Verify(ctx, staging); err != nil {
+		if err := r.Verify(ctx, signedDir); err != nil {
 			return "", drained, fmt.Errorf("receive %s: refused by verification: %w", name, err)
 		}
 	}
-	if err := r.adoptPages(ctx, name, staging, m); err != nil {
-		return "", drained, fmt.Errorf("receive %s: %w", name, err)
+	if signed == "." {
+		if err := r.adoptPages(ctx, name, staging, m); err != nil {
+			return "", drained, fmt.Errorf("receive %s: %w", name, err)
+		}
 	}
 	if !r.NoSync {
 		if err := syncTree(staging); err != nil {
@@ -520,7 +553,9 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	}
 	// record the verification so the shim's restore need not read the files again; without
 	// the stamp it verifies in full, so a failure here costs time, not safety
-	_ = checkpoint.WriteStamp(final, m)
+	if signed == "." {
+		_ = checkpoint.WriteStamp(final, m)
+	}
 	return final, drained, nil
 }
 

@@ -63,7 +63,7 @@ type Result struct {
 // when the receiver refuses the checkpoint (also when it refuses before the stream is out);
 // ErrProtocol for a missing or wrong greeting (nothing is sent) and for a malformed verdict; ctx.Err() (wrapped) when ctx ended the transfer; conn's
 // I/O error otherwise (for example when the receiver vanished). All wrapped with the name.
-func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(sent, total int64)) (res Result, retErr error) {
+func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(sent, total int64)) (Result, error) {
 	if err := ValidName(name); err != nil {
 		return Result{}, fmt.Errorf("send: %w", err)
 	}
@@ -78,8 +78,14 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
-	total := ar.Size()
-	line, err := json.Marshal(header{Magic: Magic, Name: name, TotalBytes: total, Manifest: raw})
+	return sendStream(ctx, conn, header{Magic: Magic, Name: name, TotalBytes: ar.Size(), Manifest: raw}, ar, progress)
+}
+
+// sendStream sends hdr, then the hdr.TotalBytes bytes src writes, and waits for the verdict:
+// the part of the protocol that Send and SendCRIArchive share.
+func sendStream(ctx context.Context, conn net.Conn, hdr header, src io.WriterTo, progress func(sent, total int64)) (res Result, retErr error) {
+	name, total := hdr.Name, hdr.TotalBytes
+	line, err := json.Marshal(hdr)
 	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
@@ -119,7 +125,7 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 	}()
 
 	start := time.Now()
-	werr := stream(conn, line, ar, total, progress)
+	werr := stream(conn, line, src, total, progress)
 	if werr != nil {
 		// The receiver may have refused and said why; give its verdict a moment to arrive.
 		timer := time.NewTimer(verdictGrace)
@@ -163,7 +169,7 @@ var SendIdleTimeout = time.Minute
 // VerifyBytesPerSecond is the slowest verification rate (digest and fsync) Send waits for, bytes/s.
 const VerifyBytesPerSecond = 50 << 20
 
-func stream(conn net.Conn, line []byte, ar *archive.Archive, total int64, progress func(sent, total int64)) error {
+func stream(conn net.Conn, line []byte, src io.WriterTo, total int64, progress func(sent, total int64)) error {
 	if _, err := conn.Write(line); err != nil {
 		return err
 	}
@@ -172,7 +178,7 @@ func stream(conn net.Conn, line []byte, ar *archive.Archive, total int64, progre
 		progress(0, total)
 	}
 	bw := bufio.NewWriterSize(pw, sendBufferSize)
-	n, err := ar.WriteTo(bw)
+	n, err := src.WriteTo(bw)
 	if err != nil {
 		return err
 	}

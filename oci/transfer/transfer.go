@@ -12,9 +12,11 @@
 //  2. sender → receiver: one header line, JSON then "\n":
 //     {"magic":"berth-transfer/2","name":"<name>","totalBytes":<n>,"manifest":"<base64 of berth.json>"}
 //     totalBytes is the exact length of the tar stream that follows, in bytes; manifest is the
-//     checkpoint's berth.json, byte for byte.
+//     checkpoint's berth.json, byte for byte. With "layout":"cri" (LayoutCRI, SendCRIArchive)
+//     the stream is a CRI checkpoint archive as the node wrote it and manifest is its
+//     checkpoint/berth.json, which covers the CRIU images.
 //  3. sender → receiver: the checkpoint as a tar stream (oci/archive), exactly totalBytes long,
-//     berth.json first.
+//     berth.json first (a CRI archive: in the order the node wrote it).
 //  4. receiver → sender: one verdict line, {"ok":true,"path":"<path on the receiver>"} or
 //     {"ok":false,"error":"<why>"}. A receiver that refuses early (bad header, existing name)
 //     answers at once and stops reading; the sender watches for that while it streams.
@@ -81,6 +83,10 @@ type header struct {
 	// Pages marks a connection that carries the page stream of checkpoint Name (copy mode,
 	// pages.go) instead of the checkpoint.
 	Pages bool `json:"pages,omitempty"`
+	// Layout is "" for a berth checkpoint directory packed by oci/archive (Manifest is its
+	// top-level berth.json), or LayoutCRI for a CRI checkpoint archive sent as it is (Manifest
+	// is its checkpoint/berth.json).
+	Layout string `json:"layout,omitempty"`
 }
 
 // verdict is the receiver's answer line.

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,15 +27,6 @@ type kubeMoveResult struct {
 		Ms   float64
 	}
 	TotalMs float64
-}
-
-// kubeMoveArgs are the flags that tell berthctl move where this machine sees each node's
-// directories (the nodes run here), with {node} for the node's name.
-func kubeMoveArgs(c *node.KubeCluster) []string {
-	return []string{
-		"--checkpoint-root", filepath.Join(c.Dir, "{node}", "checkpoints"),
-		"--kubelet-checkpoints", filepath.Join(c.Dir, "{node}", "kubelet", "checkpoints"),
-	}
 }
 
 // kubectlBerth runs `kubectl berth ARGS` (berthctl as the kubectl plugin kubectl-berth, found on
@@ -117,8 +107,7 @@ func TestKubeMove(t *testing.T) {
 			return names
 		}
 		had := entries()
-		args := append([]string{"move", "-n", ns, "mover", "--to", dst.Name, "--name", "mover-failed", "--timeout", "1ms"}, kubeMoveArgs(c)...)
-		_, stderr, err := kubectlBerth(ctx, t, c, args...)
+		_, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "mover", "--to", dst.Name, "--name", "mover-failed", "--timeout", "1ms")
 		if err == nil || !strings.Contains(stderr, "not Ready") {
 			t.Fatalf("move with a 1ms wait: %v\n%s", err, stderr)
 		}
@@ -137,8 +126,7 @@ func TestKubeMove(t *testing.T) {
 		}
 	})
 
-	args := append([]string{"move", "-n", ns, "mover", "-o", "json"}, kubeMoveArgs(c)...)
-	out, stderr, err := kubectlBerth(ctx, t, c, args...)
+	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "mover", "-o", "json")
 	if err != nil {
 		t.Fatalf("kubectl berth move: %v\n%s%s", err, out, stderr)
 	}
@@ -160,6 +148,14 @@ func TestKubeMove(t *testing.T) {
 			t.Errorf("source pod not deleted: %v", err)
 		}
 	}
+	// the agents carried it: the destination's agent stored the archive as a directory (a
+	// shared file system would have copied the .tar), its CRIU images and signature verified
+	if fi, err := os.Stat(filepath.Join(dst.CheckpointRoot, res.Checkpoint, "checkpoint", "berth.json")); err != nil || strings.HasSuffix(res.Checkpoint, ".tar") {
+		t.Errorf("checkpoint %s on %s: not the directory the agent stores (%v, %v)", res.Checkpoint, dst.Name, fi, err)
+	}
+	if res.Bytes <= 0 {
+		t.Errorf("move reports %d bytes sent", res.Bytes)
+	}
 	rp := kubeGetPod(t, ctx, c, ns, res.Restored)
 	if rp.Spec.NodeName != dst.Name || rp.Labels["app"] != "infer" {
 		t.Errorf("restore pod on %s with labels %v", rp.Spec.NodeName, rp.Labels)
@@ -180,34 +176,25 @@ func TestKubeMove(t *testing.T) {
 		t.Errorf("restored workload: prefills %+v (err %v), the source had %d", after, err, before.Prefills)
 	}
 
-	t.Run("gc", func(t *testing.T) {
-		gc := func(n *node.KubeNode, args ...string) []map[string]any {
-			out, err := exec.CommandContext(ctx, c.Berthctl(), append([]string{"checkpoint", "gc", "-o", "json",
-				"--kubelet-dir", n.CheckpointDir, "--root", n.CheckpointRoot}, args...)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("checkpoint gc on %s: %v\n%s", n.Name, err, out)
-			}
-			var v []map[string]any
-			if err := json.Unmarshal(out, &v); err != nil {
-				t.Fatalf("gc -o json: %v\n%s", err, out)
-			}
-			return v
-		}
-		count := func(dir string) int {
-			es, _ := os.ReadDir(dir)
-			return len(es)
-		}
-		// The kubelet wrote an archive of mover on kube1 for each move, but it names archives by
-		// the second, so two checkpoints within one second leave one file. An older copy of the
-		// move's archive (another name, an mtime a minute back) makes sure mover has two.
+	t.Run("gc DaemonSet", func(t *testing.T) {
+		// The agent DaemonSet's collector runs on every node with the policy it ships with
+		// (--keep=2 --max-bytes=20GiB --min-age=15m; every node.AgentGCInterval here). Give it
+		// work: on the source node two older copies of mover's archive (the oldest is beyond the
+		// newest 2); on the destination an older copy of the checkpoint in its root, 21 GiB long
+		// (sparse), which puts the node over the byte budget while the restored checkpoint is
+		// the newest of its container and must stay.
 		es, err := os.ReadDir(src.CheckpointDir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var moverArchive string
+		young := map[string]bool{}
 		for _, e := range es {
 			if strings.HasPrefix(e.Name(), "checkpoint-mover_") {
 				moverArchive = filepath.Join(src.CheckpointDir, e.Name())
+			}
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < 10*time.Minute {
+				young[filepath.Join(src.CheckpointDir, e.Name())] = true
 			}
 		}
 		if moverArchive == "" {
@@ -217,41 +204,50 @@ func TestKubeMove(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		older := filepath.Join(src.CheckpointDir, "checkpoint-mover_"+ns+"-infer-2000-01-01T00:00:00Z.tar")
-		if err := os.WriteFile(older, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		then := time.Now().Add(-time.Minute)
-		if err := os.Chtimes(older, then, then); err != nil {
-			t.Fatal(err)
-		}
-		if n := count(src.CheckpointDir); n < 2 {
-			t.Fatalf("%d archives in %s", n, src.CheckpointDir)
-		}
-		if gone := gc(src, "--keep", "2"); len(gone) != 0 {
-			t.Errorf("gc --keep 2 (default min-age) removed %v", gone)
-		}
-		gone := gc(src, "--keep", "1", "--min-age", "0")
-		for _, g := range gone {
-			if !strings.Contains(g["container"].(string), "/mover/") && !strings.Contains(g["container"].(string), "/infer/") {
-				t.Errorf("gc removed %v", g)
+		place := func(p string, age time.Duration, size int64) {
+			t.Helper()
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if size > 0 {
+				if err := os.Truncate(p, size); err != nil {
+					t.Fatal(err)
+				}
+			}
+			then := time.Now().Add(-age)
+			if err := os.Chtimes(p, then, then); err != nil {
+				t.Fatal(err)
 			}
 		}
-		if len(gone) == 0 {
-			t.Error("gc --keep 1 removed nothing")
+		oldest := filepath.Join(src.CheckpointDir, "checkpoint-mover_"+ns+"-infer-2000-01-01T00:00:00Z.tar")
+		older := filepath.Join(src.CheckpointDir, "checkpoint-mover_"+ns+"-infer-2000-01-02T00:00:00Z.tar")
+		place(oldest, 2*time.Hour, 0)
+		place(older, time.Hour, 0)
+		big := filepath.Join(dst.CheckpointRoot, ns+"-mover-old.tar")
+		place(big, time.Hour, 21<<30)
+		restored := filepath.Join(dst.CheckpointRoot, res.Checkpoint)
+
+		exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+		deadline := time.Now().Add(30*node.AgentGCInterval + 30*time.Second)
+		for (exists(oldest) || exists(big)) && time.Now().Before(deadline) {
+			time.Sleep(node.AgentGCInterval / 2)
 		}
-		if _, err := os.Stat(older); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("gc --keep 1 kept mover's older archive %s: %v", older, err)
+		if exists(oldest) {
+			t.Errorf("the collector kept %s, the third of mover's archives (--keep=2)", filepath.Base(oldest))
 		}
-		if _, err := os.Stat(moverArchive); err != nil {
-			t.Errorf("gc --keep 1 removed mover's newest archive: %v", err)
+		if exists(big) {
+			t.Errorf("the collector kept %s: 21 GiB over --max-bytes=20GiB", filepath.Base(big))
 		}
-		t.Logf("gc --keep 1 on %s removed %d archives; %d left", src.Name, len(gone), count(src.CheckpointDir))
-		gc(dst, "--max-bytes", "1", "--min-age", "0")
-		if out, err := exec.CommandContext(ctx, c.Berthctl(), "checkpoint", "ls", "--kubelet-dir", src.CheckpointDir, "--root", dst.CheckpointRoot).CombinedOutput(); err != nil {
-			t.Errorf("checkpoint ls: %v\n%s", err, out)
-		} else {
-			t.Logf("berthctl checkpoint ls:\n%s", out)
+		if !exists(restored) {
+			t.Errorf("the collector removed %s, the newest checkpoint of its container", restored)
 		}
+		for p := range young {
+			if !exists(p) {
+				t.Errorf("the collector removed %s, younger than --min-age=15m", filepath.Base(p))
+			}
+		}
+		logs, _ := c.Kubectl(ctx, "-n", "berth-system", "logs", "-l", "app.kubernetes.io/name=berth-agent", "-c", "gc", "--tail=20", "--prefix")
+		t.Logf("collector logs:\n%s", logs)
+		_ = os.Remove(older)
 	})
 }

@@ -171,7 +171,8 @@ func binaryName(repoRoot, pkg string) (string, error) {
 // CGO_ENABLED=0, GOOS=linux and GOARCH=runtime.GOARCH, run in the module directory repoRoot
 // with the go command found in PATH, and writes to out an image archive (see WriteArchive)
 // named ref holding a NewRootfs base, a static busybox (AddBusybox with DefaultBusybox) and the
-// binary at /usr/local/bin/<last element of pkg>. cfg is the image config; when it has neither
+// binary at /usr/local/bin/<last element of pkg> (AddDynamicBinary: with its dynamic loader and
+// shared libraries when it is dynamically linked, as a binary using purego is even without cgo). cfg is the image config; when it has neither
 // Entrypoint nor Cmd, the entrypoint is the binary.
 //
 // Builders are cached: beside out, out+StampSuffix records the reference, manifest digest and
@@ -201,7 +202,9 @@ func BuildGoImage(ctx context.Context, repoRoot, pkg, ref, out string, cfg Confi
 			return err
 		}
 		dst := "/usr/local/bin/" + name
-		if err := r.AddFile(bin, dst, 0o755); err != nil {
+		// a binary that loads libraries at run time (purego: berthctl's NVML) is dynamically
+		// linked even without cgo: its loader and libraries come along
+		if _, err := r.AddDynamicBinary(bin, dst); err != nil {
 			return err
 		}
 		if cfg.Entrypoint == nil && cfg.Cmd == nil {

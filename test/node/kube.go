@@ -107,6 +107,8 @@ type KubeCluster struct {
 	Server, Kubeconfig string
 	// Nodes are the nodes in order, kube1 first.
 	Nodes []*KubeNode
+	// AgentEtc is what the agent DaemonSet mounts as the node's /etc/berth (kubecontrib.go).
+	AgentEtc string
 	// Timings are the bring-up steps and how long each took.
 	Timings []Timing
 
@@ -223,7 +225,7 @@ func (c *KubeCluster) step(what string, since time.Time) {
 }
 
 // build builds berth's shim and berthctl, and the images every node imports: pause, the
-// inference workload and berth-nri (cached in <repo>/_output/images as the Cluster's are).
+// inference workload, berth-nri and berthctl (the agents') (cached in <repo>/_output/images as the Cluster's are).
 func (c *KubeCluster) build(ctx context.Context) error {
 	var err error
 	if c.BerthBin, err = BuildBerth(filepath.Join(c.Dir, "bin")); err != nil {
@@ -241,6 +243,9 @@ func (c *KubeCluster) build(ctx context.Context) error {
 		{"infer.tar", func(out string) (string, error) { return image.BuildWorkload(ctx, RepoRoot(), out) }},
 		{"berth-nri.tar", func(out string) (string, error) {
 			return image.BuildGoImage(ctx, RepoRoot(), "./cmd/berth-nri", NRIRef, out, image.Config{})
+		}},
+		{"berthctl.tar", func(out string) (string, error) {
+			return image.BuildGoImage(ctx, RepoRoot(), "./cmd/berthctl", AgentRef, out, image.Config{})
 		}},
 	} {
 		out := filepath.Join(imgDir, b.out)

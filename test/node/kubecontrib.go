@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/berth-dev/berth/oci/signature"
+	transferkeys "github.com/berth-dev/berth/test/keys"
 )
 
 // ContribDir returns contrib/kubernetes of the repository: the manifests a cluster applies.
@@ -23,12 +26,15 @@ func ContribDir() string { return filepath.Join(RepoRoot(), "contrib", "kubernet
 //     nodes, which this machine has none of, so it runs nowhere; labelNodes does its work;
 //   - restore-pod.yaml, an example whose image and selector are placeholders, is validated by the
 //     API server (server-side dry run) and not created;
-//   - berth-checkpoint-gc-daemonset.yaml is validated by the API server (server-side dry run) and
-//     not created: its host paths are the kubelet's fixed /var/lib/kubelet/checkpoints, which a
-//     node here keeps elsewhere (KubeNode.CheckpointDir); the cluster test runs its berthctl
-//     command with its policy over each node's directories instead.
+//   - berth-agent-daemonset.yaml runs on every node with the locally built berthctl image
+//     (AgentRef), its Secret berth-agent-tls made by agentPKI, and its host path /etc/berth
+//     replaced by AgentEtc (the trusted keys every node's shim has, as the agent sees them), and
+//     its collector run every AgentGCInterval instead of every 10 minutes (same policy). Its
+//     other host paths are the usual ones: each node's mount namespace shows its kubelet
+//     checkpoint directory and checkpoint root there (kubenode.go).
 //
-// Then it waits until berth-nri is running and synchronized with containerd on every node.
+// Then it waits until berth-nri is running and synchronized with containerd on every node, and
+// the agents run on every node.
 func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	files, err := filepath.Glob(filepath.Join(ContribDir(), "*.yaml"))
 	if err != nil {
@@ -49,7 +55,7 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if err := c.waitServiceAccount(ctx, "default"); err != nil {
 		return err
 	}
-	var nriApplied bool
+	var nriApplied, agentApplied bool
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -63,8 +69,13 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 			}
 			b = bytes.ReplaceAll(b, []byte(nriPublishedRef), []byte(NRIRef))
 			nriApplied = true
-		case "restore-pod.yaml", "berth-checkpoint-gc-daemonset.yaml":
+		case "restore-pod.yaml":
 			args = append(args, "--dry-run=server")
+		case "berth-agent-daemonset.yaml":
+			if b, err = c.agentManifest(ctx, b); err != nil {
+				return err
+			}
+			agentApplied = true
 		}
 		out, err := c.KubectlIn(ctx, bytes.NewReader(b), args...)
 		if err != nil {
@@ -81,8 +92,16 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if !nriApplied {
 		return fmt.Errorf("no berth-nri-daemonset.yaml in %s", ContribDir())
 	}
-	if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", "daemonset/berth-nri", "--timeout=120s"); err != nil {
-		return err
+	if !agentApplied {
+		return fmt.Errorf("no berth-agent-daemonset.yaml in %s", ContribDir())
+	}
+	for _, ds := range []string{"daemonset/berth-nri", "daemonset/berth-agent"} {
+		if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", ds, "--timeout=120s"); err != nil {
+			pods, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "pods", "-o", "wide")
+			events, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "events", "--sort-by=.lastTimestamp")
+			logs, _ := c.Kubectl(ctx, "-n", "berth-system", "logs", "-l", "app.kubernetes.io/part-of=berth", "--all-containers", "--prefix", "--tail=20")
+			return fmt.Errorf("%w\npods:\n%s\nevents:\n%s\nlogs:\n%s", err, pods, lastLines(events, 30), logs)
+		}
 	}
 	for _, n := range c.Nodes {
 		if err := c.waitNRI(ctx, n.Name); err != nil {
@@ -161,4 +180,71 @@ func readFeatureFile(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("feature file %s: no labels", path)
 	}
 	return labels, nil
+}
+
+// Image refs of the agent DaemonSet.
+const (
+	// AgentRef is the berthctl image (berthctl at /usr/local/bin/berthctl) the agent DaemonSet
+	// runs instead of its published image.
+	AgentRef = "localhost/berth/berthctl:test"
+	// agentPublishedRef is the image berth-agent-daemonset.yaml names.
+	agentPublishedRef = "ghcr.io/berth-dev/berthctl:latest"
+	// agentName is the name in the agents' shared certificate (berth-agent-daemonset.yaml).
+	agentName = "berth-agent.berth-system"
+	// AgentGCInterval is how often the agent DaemonSet's collector runs here.
+	AgentGCInterval = 2 * time.Second
+)
+
+// agentManifest returns berth-agent-daemonset.yaml (b) for this cluster: the local image, and the
+// host path /etc/berth replaced by AgentEtc, a directory holding shim.toml with the trusted keys
+// of every node (their public keys copied beside it, named as the agent's container sees them).
+// It also creates the agents' transfer PKI (a CA of its own, one certificate naming
+// berth-agent.berth-system, as cert-manager would issue it) as the Secret berth-agent-tls.
+func (c *KubeCluster) agentManifest(ctx context.Context, b []byte) ([]byte, error) {
+	for _, want := range []string{agentPublishedRef, "path: /etc/berth\n", agentName, "--interval=10m"} {
+		if !bytes.Contains(b, []byte(want)) {
+			return nil, fmt.Errorf("berth-agent-daemonset.yaml does not hold %q any more: update kubecontrib.go", want)
+		}
+	}
+	b = bytes.ReplaceAll(b, []byte(agentPublishedRef), []byte(AgentRef))
+	// the collector's policy as shipped, applied every 2 s instead of every 10 minutes
+	b = bytes.ReplaceAll(b, []byte("--interval=10m"), []byte("--interval="+AgentGCInterval.String()))
+	c.AgentEtc = filepath.Join(c.Dir, "agent-etc")
+	b = bytes.ReplaceAll(b, []byte("path: /etc/berth\n"), []byte("path: "+c.AgentEtc+"\n"))
+	if err := os.MkdirAll(filepath.Join(c.AgentEtc, "keys"), 0o755); err != nil {
+		return nil, err
+	}
+	var keys []signature.TrustedKey
+	for _, n := range c.Nodes {
+		pub, err := os.ReadFile(n.PublicKey)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(c.AgentEtc, "keys", n.Name+".pub"), pub, 0o644); err != nil {
+			return nil, err
+		}
+		keys = append(keys, signature.TrustedKey{Path: "/etc/berth/keys/" + n.Name + ".pub"})
+	}
+	if err := os.WriteFile(filepath.Join(c.AgentEtc, "shim.toml"), []byte(trustedKeysLine(keys)+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	ca, err := transferkeys.NewCA(filepath.Join(c.Dir, "agent-pki"), "berth-test-transfer-ca")
+	if err != nil {
+		return nil, err
+	}
+	files, err := ca.Node(agentName)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Kubectl(ctx, "-n", "berth-system", "create", "secret", "generic", "berth-agent-tls",
+		"--from-file=ca.crt="+files.CA, "--from-file=tls.crt="+files.Cert, "--from-file=tls.key="+files.Key); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -24,7 +24,9 @@ import (
 //     and the kubelet run: a tmpfs over /run (containerd's runc state, shim sockets, pod network
 //     namespaces and the NRI socket at /var/run/nri/nri.sock, where the berth-nri DaemonSet
 //     looks for it), a tmpfs over /var/lib (the kubelet's fixed /var/lib/kubelet/device-plugins and
-//     pod-resources sockets), the node's own /var/log (the kubelet's /var/log/containers links) and
+//     pod-resources sockets), its kubelet checkpoint directory and berth checkpoint root bound
+//     at /var/lib/kubelet/checkpoints and /var/lib/berth/checkpoints (where the agent DaemonSet
+//     mounts them from), the node's own /var/log (the kubelet's /var/log/containers links) and
 //     files over the /proc/sys tunables the kubelet would otherwise rewrite for the whole machine;
 //   - a cgroup root of its own in every hierarchy (two kubelets under one root remove each
 //     other's pod cgroups);
@@ -74,6 +76,10 @@ mkdir -p /run/nri /run/lock
 mount -t tmpfs -o mode=0755,size=16m berth-kube-varlib /var/lib
 mkdir -p /var/lib/kubelet
 mount --bind "$D/varlog" /var/log
+# where a node keeps its checkpoints, as the agent DaemonSet's host paths name them
+mkdir -p /var/lib/kubelet/checkpoints /var/lib/berth/checkpoints
+mount --bind "$D/kubelet/checkpoints" /var/lib/kubelet/checkpoints
+mount --bind "$D/checkpoints" /var/lib/berth/checkpoints
 for f in "$D"/sysctl/*; do
   mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"
 done
@@ -138,6 +144,13 @@ func (c *KubeCluster) startNode(ctx context.Context, i int, shimExtra string) (*
 	for _, d := range []string{kn.KubeletDir, filepath.Join(dir, "varlog"), filepath.Join(dir, "sysctl"),
 		filepath.Join(dir, "pod-logs"), filepath.Dir(kn.FeatureFile)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// bound into the node's mount namespace at the usual places (nsSetup) before containerd
+	// and the kubelet create them: the kubelet's checkpoint directory and the checkpoint root
+	for _, d := range []string{kn.CheckpointDir, filepath.Join(dir, "checkpoints")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}

@@ -112,7 +112,7 @@ var cniTmpl = template.Must(template.New("n").Parse(`{
   "name": "berth-{{.Name}}",
   "plugins": [
     {"type": "bridge", "bridge": "{{.Bridge}}", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "{{.PodCIDR}}"}]], "dataDir": "{{.Dir}}/cni-ipam"}},
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "{{.PodCIDR}}"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "{{.Dir}}/cni-ipam"}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }

@@ -94,13 +94,11 @@ spec:
 `, name, ns, nodeName, image.WorkloadRef, weightsMiB, delayMs, mem, mem)
 }
 
-// KubeMoveArgs are the flags that tell berthctl move where this machine sees each node's
-// directories (the cluster's nodes run here), with {node} for the node's name.
+// KubeMoveArgs are the flags berthctl move runs with in the demo and the benchmark: the archive
+// goes node to node through the berth agents of contrib/kubernetes (the default, said
+// explicitly), as on a cluster whose nodes share nothing with the machine berthctl runs on.
 func KubeMoveArgs(c *node.KubeCluster) []string {
-	return []string{
-		"--checkpoint-root", filepath.Join(c.Dir, "{node}", "checkpoints"),
-		"--kubelet-checkpoints", filepath.Join(c.Dir, "{node}", "kubelet", "checkpoints"),
-	}
+	return []string{"--transfer", "agent"}
 }
 
 // KubectlBerth returns `kubectl berth ARGS` as a user's shell runs it: berthctl as the kubectl

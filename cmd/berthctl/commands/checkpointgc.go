@@ -83,6 +83,9 @@ func listStored(dirs map[string]string) ([]stored, error) {
 			return nil, fmt.Errorf("list checkpoints: %w", err)
 		}
 		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".") {
+				continue // a receiver's staging directory, stamps, a restore's extraction: never a checkpoint
+			}
 			p := filepath.Join(dir, e.Name())
 			info, err := os.Lstat(p)
 			if err != nil {
@@ -254,12 +257,16 @@ func printStored(cmd *cobra.Command, list []stored, removed bool) {
 
 // CheckpointRm is `berthctl checkpoint rm`.
 func CheckpointRm(g *Globals) *cobra.Command {
-	var store *storeFlags
+	var (
+		store *storeFlags
+		force bool
+	)
 	cmd := &cobra.Command{
-		Use:   "rm [--kubelet-dir DIR] [--root DIR] CHECKPOINT...",
+		Use:   "rm [--kubelet-dir DIR] [--root DIR] [--force] CHECKPOINT...",
 		Short: "Remove checkpoints (names or paths that ls lists) from this node",
 		Long: `rm removes each named checkpoint: a name or path that 'berthctl checkpoint ls' lists, in the
-kubelet's checkpoint directory or berth's checkpoint root. Anything else is refused.`,
+kubelet's checkpoint directory or berth's checkpoint root. Anything else is refused, except that
+with --force a name that is not there is skipped (a rollback that may run twice).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dirs, err := store.dirs(g, cmd.Flags())
@@ -276,6 +283,9 @@ kubelet's checkpoint directory or berth's checkpoint root. Anything else is refu
 					i = slices.IndexFunc(list, func(s stored) bool { return s.Path == abs })
 				}
 				if i < 0 {
+					if force {
+						continue
+					}
 					return fmt.Errorf("checkpoint rm %s: %w: not a checkpoint in %v", a, fs.ErrNotExist, dirs)
 				}
 				if err := os.RemoveAll(list[i].Path); err != nil {
@@ -287,6 +297,7 @@ kubelet's checkpoint directory or berth's checkpoint root. Anything else is refu
 		},
 	}
 	store = addStoreFlags(cmd.Flags())
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "a checkpoint that is not there is no error")
 	return cmd
 }
 

@@ -164,7 +164,7 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			}
 			defer conn.Close()
 			send := func(ctx context.Context, dir, name string) (int64, error) {
-				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name)
+				return sendOn(ctx, cmd.ErrOrStderr(), conn, dir, name, false)
 			}
 			mo := move.MigrateOptions{
 				Src: src, Dst: dst, Namespace: ns, ID: id, TargetID: newID,

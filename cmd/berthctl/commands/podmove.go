@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-dev/berth/cmd/berthctl/kube"
@@ -30,27 +31,28 @@ func (k *kubeFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&k.namespace, "namespace", "n", "", "the pod's Kubernetes namespace (default: the context's namespace)")
 }
 
-// client returns a clientset and the namespace, as kubectl resolves them.
-func (k *kubeFlags) client() (kubernetes.Interface, string, error) {
+// client returns a clientset, its REST configuration and the namespace, as kubectl resolves
+// them.
+func (k *kubeFlags) client() (kubernetes.Interface, *rest.Config, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = k.kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context})
 	cfg, err := cc.ClientConfig()
 	if err != nil {
-		return nil, "", fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
 	ns := k.namespace
 	if ns == "" {
 		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", fmt.Errorf("kubeconfig: %w", err)
+			return nil, nil, "", fmt.Errorf("kubeconfig: %w", err)
 		}
 	}
 	cfg.UserAgent = "berthctl"
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+		return nil, nil, "", fmt.Errorf("kubernetes client: %w", err)
 	}
-	return cs, ns, nil
+	return cs, cfg, ns, nil
 }
 
 // Move is `berthctl move` (also `kubectl berth move`, the same binary as the kubectl plugin
@@ -62,6 +64,8 @@ func Move(g *Globals) *cobra.Command {
 		rootTmpl  string
 		kubeletTm string
 		output    *format
+		via       string
+		agents    = &kube.Agents{}
 	)
 	cmd := &cobra.Command{
 		Use:   "move POD [--to NODE] [-c CONTAINER] [-n NAMESPACE] [-o text|json]",
@@ -72,47 +76,67 @@ func Move(g *Globals) *cobra.Command {
      (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER); the pod keeps running;
   2. the node: --to NODE, else the first Ready node (by name) other than the source whose labels
      match the checkpoint's selector ('berthctl checkpoint selector');
-  3. the kubelet's archive copied into that node's berth checkpoint root (--checkpoint-root);
+  3. the kubelet's archive sent from the source node to that node (--transfer);
   4. a restore pod created from the source pod's spec, labels and annotations, with
-     berth.dev/restore-from naming the archive and a nodeSelector of the checkpoint's labels and
+     berth.dev/restore-from naming the checkpoint and a nodeSelector of the checkpoint's labels and
      kubernetes.io/hostname, and waited for until Ready (--timeout);
   5. the source pod deleted.
 
 It prints every phase's wall time as it ends (-o json: the result at the end). On any failure
 before the restore pod is Ready, the source pod keeps running and the restore pod and the copied
-archive are removed. A pod that a controller owns (ownerReferences) is refused: the controller
+checkpoint are removed. A pod that a controller owns (ownerReferences) is refused: the controller
 would replace the deleted source with a fresh replica and not adopt the restored pod.
 
-The archive travels by a shared file system: --kubelet-checkpoints and --checkpoint-root are the
-source's kubelet checkpoint directory and the destination's checkpoint root as this machine sees
-them ({node} is replaced by the node's name), which holds where berthctl runs beside the nodes or
-with their directories mounted.
+--transfer agent (the default) goes through the berth agents (contrib/kubernetes/
+berth-agent-daemonset.yaml, namespace --agent-namespace): berthctl runs 'berthctl checkpoint
+selector' in the source node's agent, then 'berthctl send' there, which sends the archive as it is
+over mutual TLS to the destination node's agent ('berthctl receive' on the node's address); that
+agent verifies the CRIU images and the signature before it keeps the checkpoint (the shim
+verifies again at restore). berthctl reaches the agents with the pods/exec subresource through
+the API server only, so it needs a kubeconfig allowed to exec in the agents' pods, no node
+address and no certificate; the archive never passes through this machine.
+
+--transfer shared-fs copies the archive through a file system this machine shares with the
+nodes: --kubelet-checkpoints and --checkpoint-root are the source's kubelet checkpoint directory
+and the destination's checkpoint root as seen here ({node} is replaced by the node's name); for a
+single machine running several nodes (a lab) or node directories mounted here.
 
 kubeconfig: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context; -n is the pod's
 namespace, as kubectl's (here it is not containerd's namespace).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cs, ns, err := kf.client()
+			cs, cfg, ns, err := kf.client()
 			if err != nil {
 				return err
 			}
 			o.Namespace, o.Pod = ns, args[0]
-			root := rootTmpl
-			if root == "" {
-				if root, err = g.checkpointRoot(cmd.Flags(), ""); err != nil {
-					return err
+			switch via {
+			case "agent":
+				agents.Client, agents.Config = cs, cfg
+				o.Transfer, o.Selector = agents, agents.ArchiveSelector
+			case "shared-fs":
+				root := rootTmpl
+				if root == "" {
+					if root, err = g.checkpointRoot(cmd.Flags(), ""); err != nil {
+						return err
+					}
 				}
-			}
-			kubelet := kube.RootTemplate(kubeletTm)
-			o.Selector = func(_ context.Context, node, archive string) (map[string]string, error) {
-				// the path as the kubelet named it, seen here in the node's directory
-				m, err := readArchiveManifest(filepath.Join(kubelet(node), filepath.Base(archive)))
-				if err != nil {
-					return nil, err
+				kubelet := kube.RootTemplate(kubeletTm)
+				o.Selector = func(_ context.Context, node, archive string) (map[string]string, error) {
+					// the path as the kubelet named it, seen here in the node's directory
+					m, err := readArchiveManifest(filepath.Join(kubelet(node), filepath.Base(archive)))
+					if err != nil {
+						return nil, err
+					}
+					return fingerprint.Selector(m.Fingerprint), nil
 				}
-				return fingerprint.Selector(m.Fingerprint), nil
+				o.Transfer = sharedArchive{kube.SharedFS{Root: kube.RootTemplate(root)}, kubelet}
+			default:
+				return fmt.Errorf("--transfer %q: want agent or shared-fs", via)
 			}
-			o.Transfer = sharedArchive{kube.SharedFS{Root: kube.RootTemplate(root)}, kubelet}
+			if via != "shared-fs" && (cmd.Flags().Changed("checkpoint-root") || cmd.Flags().Changed("kubelet-checkpoints")) {
+				return fmt.Errorf("--checkpoint-root and --kubelet-checkpoints apply to --transfer shared-fs only")
+			}
 			if !output.json() {
 				fmt.Fprintf(cmd.OutOrStdout(), "moving pod %s/%s\n", ns, o.Pod)
 				o.Progress = func(p kube.Phase) { fmt.Fprintf(cmd.OutOrStdout(), "  %-32s %9.1f ms\n", p.Name, p.Ms) }
@@ -137,8 +161,11 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 	cmd.Flags().StringVarP(&o.Container, "container", "c", "", "the container to checkpoint (default: the pod's only container)")
 	cmd.Flags().StringVar(&o.Name, "name", "", "the restore pod's name (default: POD-mNNNNN)")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 5*time.Minute, "how long to wait for the restore pod to be Ready")
-	cmd.Flags().StringVar(&rootTmpl, "checkpoint-root", "", "the destination's berth checkpoint root as seen here, {node} for its name (default: checkpoint_root of --config)")
-	cmd.Flags().StringVar(&kubeletTm, "kubelet-checkpoints", DefaultKubeletCheckpointDir, "the source's kubelet checkpoint directory as seen here, {node} for its name")
+	cmd.Flags().StringVar(&via, "transfer", "agent", "how the archive reaches the destination: agent (the berth agents, node to node over mutual TLS) or shared-fs")
+	cmd.Flags().StringVar(&agents.Namespace, "agent-namespace", kube.DefaultAgentNamespace, "the namespace of the berth agents (--transfer agent)")
+	cmd.Flags().StringVar(&agents.Labels, "agent-selector", kube.DefaultAgentSelector, "the label selector of the berth agents' pods (--transfer agent)")
+	cmd.Flags().StringVar(&rootTmpl, "checkpoint-root", "", "--transfer shared-fs: the destination's berth checkpoint root as seen here, {node} for its name (default: checkpoint_root of --config)")
+	cmd.Flags().StringVar(&kubeletTm, "kubelet-checkpoints", DefaultKubeletCheckpointDir, "--transfer shared-fs: the source's kubelet checkpoint directory as seen here, {node} for its name")
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	return cmd
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,17 +34,34 @@ type sendResult struct {
 }
 
 // tlsFlags are the mutual-TLS flags of the commands that move checkpoints between nodes: this
-// node's identity in the cluster's transfer PKI (transfer.TLSFiles).
+// node's identity in the cluster's transfer PKI (transfer.TLSFiles), and for a sender the name
+// the receiver's certificate must carry.
 type tlsFlags struct {
-	files transfer.TLSFiles
+	files      transfer.TLSFiles
+	serverName string
 }
+
+// The environment variables the TLS flags default to, so that a node agent's container
+// (contrib/kubernetes/berth-agent-daemonset.yaml) configures them once for every command run in
+// it.
+const (
+	EnvTLSCA         = "BERTH_TLS_CA"
+	EnvTLSCert       = "BERTH_TLS_CERT"
+	EnvTLSKey        = "BERTH_TLS_KEY"
+	EnvTLSServerName = "BERTH_TLS_SERVER_NAME"
+)
 
 func addTLSFlags(fs *pflag.FlagSet) *tlsFlags {
 	t := &tlsFlags{}
-	fs.StringVar(&t.files.CA, "tls-ca", "", "the cluster CA's certificate (PEM; cert-manager's ca.crt): the only issuer a peer's certificate may have")
-	fs.StringVar(&t.files.Cert, "tls-cert", "", "this node's certificate (PEM; tls.crt), for both ends of a transfer")
-	fs.StringVar(&t.files.Key, "tls-key", "", "the private key of --tls-cert (PEM; tls.key)")
+	fs.StringVar(&t.files.CA, "tls-ca", os.Getenv(EnvTLSCA), "the cluster CA's certificate (PEM; cert-manager's ca.crt): the only issuer a peer's certificate may have ($"+EnvTLSCA+")")
+	fs.StringVar(&t.files.Cert, "tls-cert", os.Getenv(EnvTLSCert), "this node's certificate (PEM; tls.crt), for both ends of a transfer ($"+EnvTLSCert+")")
+	fs.StringVar(&t.files.Key, "tls-key", os.Getenv(EnvTLSKey), "the private key of --tls-cert (PEM; tls.key) ($"+EnvTLSKey+")")
 	return t
+}
+
+// addServerName registers --tls-server-name (a sender's).
+func (t *tlsFlags) addServerName(fs *pflag.FlagSet) {
+	fs.StringVar(&t.serverName, "tls-server-name", os.Getenv(EnvTLSServerName), "the name the receiver's certificate must carry (default: the host of HOST:PORT) ($"+EnvTLSServerName+")")
 }
 
 // server returns the receiving side's TLS configuration, nil when no TLS flag is given.
@@ -58,7 +77,7 @@ func (t *tlsFlags) client() (*tls.Config, error) {
 	if !t.files.Enabled() {
 		return nil, nil
 	}
-	return transfer.ClientTLS(t.files, "")
+	return transfer.ClientTLS(t.files, t.serverName)
 }
 
 // dialReceiver connects to the receiver at addr, over TLS when the flags configure it, and
@@ -83,18 +102,26 @@ func Send() *cobra.Command {
 		output *format
 	)
 	cmd := &cobra.Command{
-		Use:   "send [--name NAME] [--tls-ca CA --tls-cert CERT --tls-key KEY] [-o text|json] DIR HOST:PORT",
-		Short: "Send a checkpoint directory to a 'berthctl receive'",
+		Use:   "send [--name NAME] [--tls-ca CA --tls-cert CERT --tls-key KEY] [--tls-server-name NAME] [-o text|json] DIR|FILE.tar HOST:PORT",
+		Short: "Send a checkpoint directory, or a kubelet checkpoint archive, to a 'berthctl receive'",
 		Long: `send streams the checkpoint directory DIR (berth.json, berth.sig and every file) to the
 'berthctl receive' at HOST:PORT, which verifies the digests and the signature before it keeps it.
+A FILE.tar is a CRI checkpoint archive (the kubelet checkpoint API's, crictl checkpoint --export's)
+of the berth runtime: it is sent as it is, and the receiver keeps it as a directory of the same
+layout once the CRIU images match the shim's checkpoint/berth.json and its berth.sig is trusted
+(name it in berth.dev/restore-from). --name defaults to the file's name without .tar.
 To any address but loopback it goes over mutual TLS only: --tls-ca, --tls-cert and --tls-key name
 this node's certificate in the cluster's transfer PKI (cert-manager's ca.crt, tls.crt, tls.key).
 A receiver with all its slots in use answers busy: nothing is sent; try again later.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, addr := args[0], args[1]
+			fi, err := os.Stat(dir)
+			if err != nil {
+				return err
+			}
 			if name == "" {
-				name = filepath.Base(filepath.Clean(dir))
+				name = strings.TrimSuffix(filepath.Base(filepath.Clean(dir)), ".tar")
 			}
 			start := time.Now()
 			conn, err := dialReceiver(cmd.Context(), addr, tf)
@@ -102,7 +129,7 @@ A receiver with all its slots in use answers busy: nothing is sent; try again la
 				return err
 			}
 			defer conn.Close()
-			n, err := sendOn(cmd.Context(), cmd.ErrOrStderr(), conn, dir, name)
+			n, err := sendOn(cmd.Context(), cmd.ErrOrStderr(), conn, dir, name, fi.Mode().IsRegular())
 			if err != nil {
 				return err
 			}
@@ -115,15 +142,20 @@ A receiver with all its slots in use answers busy: nothing is sent; try again la
 	}
 	cmd.Flags().StringVar(&name, "name", "", "name in the receiver's root (default: the directory's name)")
 	tf = addTLSFlags(cmd.Flags())
+	tf.addServerName(cmd.Flags())
 	output = addFormat(cmd.Flags(), formatText, formatJSON)
 	return cmd
 }
 
-// sendOn streams a checkpoint directory over conn (greeted: transfer.Dial), showing progress
-// (bytes sent) on progress.
-func sendOn(ctx context.Context, progress io.Writer, conn net.Conn, dir, name string) (int64, error) {
+// sendOn streams a checkpoint directory, or with criArchive the CRI checkpoint archive at dir,
+// over conn (greeted: transfer.Dial), showing progress (bytes sent) on progress.
+func sendOn(ctx context.Context, progress io.Writer, conn net.Conn, dir, name string, criArchive bool) (int64, error) {
 	var bar *progressbar.ProgressBar
-	res, err := transfer.Send(ctx, conn, dir, name, func(sent, total int64) {
+	send := transfer.Send
+	if criArchive {
+		send = transfer.SendCRIArchive
+	}
+	res, err := send(ctx, conn, dir, name, func(sent, total int64) {
 		if bar == nil {
 			bar = progressbar.NewOptions64(total, progressbar.OptionSetDescription("sending "+name),
 				progressbar.OptionShowBytes(true), progressbar.OptionSetWriter(progress),

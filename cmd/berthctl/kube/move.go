@@ -1,6 +1,7 @@
 // Package kube moves a running pod of the berth runtime from one Kubernetes node to another
 // through the Kubernetes API, as a user could by hand: the kubelet checkpoint API (through the
-// API server's node proxy), the archive brought to the destination node, a restore pod created
+// API server's node proxy), the archive brought to the destination node (by the node agents,
+// agents.go, or a shared file system, transfer.go), a restore pod created
 // from the source pod's spec with the berth.dev/restore-from annotation and a node selector, and
 // the source pod deleted once the restore pod is Ready.
 //
@@ -47,7 +48,8 @@ const RuntimeClass = "berth"
 const hostnameLabel = "kubernetes.io/hostname"
 
 // Transfer brings a kubelet checkpoint archive from the source node to the destination's
-// checkpoint root.
+// checkpoint root, as the archive (SharedFS) or as a directory of its files (Agents, which has a
+// StoresDirectory method to say so; the name then has no .tar suffix).
 type Transfer interface {
 	// Copy makes the archive at path srcArchive on node src available on node dst under name (a
 	// file name in dst's checkpoint root) and returns the bytes moved.
@@ -89,7 +91,8 @@ type Result struct {
 	From     string `json:"from"`
 	To       string `json:"to"`
 	// Archive is the kubelet's archive on the source node; Checkpoint its name in the
-	// destination's checkpoint root (the restore-from annotation).
+	// destination's checkpoint root (the restore-from annotation): NS-POD-UNIXNANO, a directory
+	// (Agents), or with .tar an archive (SharedFS).
 	Archive    string            `json:"archive"`
 	Checkpoint string            `json:"checkpoint"`
 	Bytes      int64             `json:"bytes"`
@@ -163,7 +166,10 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	phase("choose-node", t0)
 
 	t0 = now()
-	res.Checkpoint = fmt.Sprintf("%s-%s-%d.tar", o.Namespace, o.Pod, now().UnixNano())
+	res.Checkpoint = fmt.Sprintf("%s-%s-%d", o.Namespace, o.Pod, now().UnixNano())
+	if _, dir := o.Transfer.(interface{ StoresDirectory() }); !dir {
+		res.Checkpoint += ".tar" // the archive as it is: ls and gc know archives by the suffix
+	}
 	if res.Bytes, err = o.Transfer.Copy(ctx, src.Spec.NodeName, res.Archive, o.To, res.Checkpoint); err != nil {
 		_ = o.Transfer.Remove(context.WithoutCancel(ctx), o.To, res.Checkpoint)
 		return nil, fmt.Errorf("bring %s from %s to %s: %w", res.Archive, src.Spec.NodeName, o.To, err)

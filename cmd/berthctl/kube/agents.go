@@ -1,0 +1,223 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/streaming/pkg/httpstream"
+)
+
+// The node agents: the berth-agent DaemonSet of contrib/kubernetes runs `berthctl receive` on
+// every node, on the node's address (hostNetwork) over mutual TLS, into berth's checkpoint root;
+// its container also holds the node's kubelet checkpoint directory and the transfer PKI's files
+// (in $BERTH_TLS_CA, $BERTH_TLS_CERT, $BERTH_TLS_KEY, $BERTH_TLS_SERVER_NAME). Agents reaches
+// them through the API server: every step is a command run in an agent's container with the
+// pods/exec subresource (what `kubectl exec` does), so the Kubernetes API's authentication and
+// RBAC decide who may move checkpoints, no agent opens a control port, and berthctl needs only
+// a kubeconfig. The archive itself goes from the source node's agent to the destination node's
+// agent directly (berthctl send, transfer.SendCRIArchive), never through the API server or this
+// machine.
+
+// Agent defaults: where contrib/kubernetes/berth-agent-daemonset.yaml runs the agents.
+const (
+	DefaultAgentNamespace = "berth-system"
+	DefaultAgentSelector  = "app.kubernetes.io/name=berth-agent"
+	DefaultAgentContainer = "agent"
+	// AgentPortName is the name of the agent container's port that `berthctl receive` listens
+	// on (on the node's address: the pod uses the host network).
+	AgentPortName = "transfer"
+	// DefaultAgentKubeletDir and DefaultAgentRoot are where the agent's container mounts the
+	// node's kubelet checkpoint directory and berth's checkpoint root.
+	DefaultAgentKubeletDir = "/var/lib/kubelet/checkpoints"
+	DefaultAgentRoot       = "/var/lib/berth/checkpoints"
+	// agentBerthctl is berthctl in the agent's image (as berth-agent-daemonset.yaml runs it).
+	agentBerthctl = "/usr/local/bin/berthctl"
+)
+
+// ErrNoAgent: no running, ready agent pod on the node (the DaemonSet is missing, or its pod is
+// not ready there).
+var ErrNoAgent = errors.New("no berth agent on the node")
+
+// Agents is the Transfer through the node agents, and the reader of a kubelet archive's node
+// selector on its node.
+type Agents struct {
+	Client kubernetes.Interface
+	// Config is the REST configuration exec requests are made with (the clientset's).
+	Config *rest.Config
+	// Namespace, Labels (a label selector) and Container find an agent's container (defaults
+	// above when "").
+	Namespace, Labels, Container string
+	// KubeletDir and Root are the node directories as the agent's container mounts them.
+	KubeletDir, Root string
+}
+
+func (a *Agents) defaults() {
+	if a.Namespace == "" {
+		a.Namespace = DefaultAgentNamespace
+	}
+	if a.Labels == "" {
+		a.Labels = DefaultAgentSelector
+	}
+	if a.Container == "" {
+		a.Container = DefaultAgentContainer
+	}
+	if a.KubeletDir == "" {
+		a.KubeletDir = DefaultAgentKubeletDir
+	}
+	if a.Root == "" {
+		a.Root = DefaultAgentRoot
+	}
+}
+
+// pod returns the running, ready agent pod on node.
+func (a *Agents) pod(ctx context.Context, node string) (*corev1.Pod, error) {
+	a.defaults()
+	pods, err := a.Client.CoreV1().Pods(a.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: a.Labels, FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find the berth agent on %s: %w", node, err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return p, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/berth-agent-daemonset.yaml applied?)",
+		ErrNoAgent, node, a.Labels, a.Namespace)
+}
+
+// exec runs argv in the agent container of p and returns its standard output; the error holds
+// its standard error.
+func (a *Agents) exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byte, error) {
+	req := a.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(p.Namespace).Name(p.Name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(a.Config, "GET", req.URL().String())
+	if err != nil {
+		return nil, err
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(a.Config, "POST", req.URL())
+	if err != nil {
+		return nil, err
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var stdout, stderr bytes.Buffer
+	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr}); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 2000 {
+			msg = "..." + msg[len(msg)-2000:]
+		}
+		return stdout.Bytes(), fmt.Errorf("%s in %s/%s on %s: %w: %s", strings.Join(argv[:min(len(argv), 3)], " "), p.Namespace, p.Name, p.Spec.NodeName, err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// ArchiveSelector returns the node selector that a restore of the kubelet archive (as the
+// kubelet named it; only its base name is used) on node needs: `berthctl checkpoint selector` in
+// node's agent.
+func (a *Agents) ArchiveSelector(ctx context.Context, node, archive string) (map[string]string, error) {
+	p, err := a.pod(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	out, err := a.exec(ctx, p, agentBerthctl, "checkpoint", "selector", "-o", "json", path.Join(a.KubeletDir, path.Base(archive)))
+	if err != nil {
+		return nil, err
+	}
+	var sel struct {
+		NodeSelector map[string]string `json:"nodeSelector"`
+	}
+	if err := json.Unmarshal(out, &sel); err != nil || len(sel.NodeSelector) == 0 {
+		return nil, fmt.Errorf("checkpoint selector in %s/%s: %v: no nodeSelector in %.200q", p.Namespace, p.Name, err, out)
+	}
+	return sel.NodeSelector, nil
+}
+
+// Copy has src's agent send the kubelet archive srcArchive (its base name, in the agent's kubelet
+// checkpoint directory) to dst's agent over mutual TLS (`berthctl send`), which verifies it and
+// stores it as the directory name in dst's checkpoint root. It returns the bytes sent.
+func (a *Agents) Copy(ctx context.Context, src, srcArchive, dst, name string) (int64, error) {
+	from, err := a.pod(ctx, src)
+	if err != nil {
+		return 0, err
+	}
+	to, err := a.pod(ctx, dst)
+	if err != nil {
+		return 0, err
+	}
+	addr, err := agentAddress(to, a.Container)
+	if err != nil {
+		return 0, err
+	}
+	out, err := a.exec(ctx, from, agentBerthctl, "send", "-o", "json", "--name", name,
+		path.Join(a.KubeletDir, path.Base(srcArchive)), addr)
+	if err != nil {
+		return 0, err
+	}
+	var res struct {
+		Bytes int64 `json:"bytes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return 0, fmt.Errorf("send in %s/%s: %w: %.200q", from.Namespace, from.Name, err, out)
+	}
+	return res.Bytes, nil
+}
+
+// Remove removes the checkpoint name from dst's checkpoint root (`berthctl checkpoint rm
+// --force` in dst's agent): the rollback of Copy. A checkpoint that is not there is no error.
+func (a *Agents) Remove(ctx context.Context, dst, name string) error {
+	p, err := a.pod(ctx, dst)
+	if err != nil {
+		return err
+	}
+	_, err = a.exec(ctx, p, agentBerthctl, "checkpoint", "rm", "--force", "--kubelet-dir=", "--root", a.Root, name)
+	return err
+}
+
+// StoresDirectory says that the destination keeps the checkpoint as a directory (the receiver
+// extracts the archive while it arrives), so a restore does not extract it again.
+func (a *Agents) StoresDirectory() {}
+
+// agentAddress returns host:port of the agent pod's receiver: its pod IP (the node's address:
+// the agent uses the host network) and the container port named AgentPortName.
+func agentAddress(p *corev1.Pod, container string) (string, error) {
+	if p.Status.PodIP == "" {
+		return "", fmt.Errorf("berth agent %s/%s on %s has no address yet", p.Namespace, p.Name, p.Spec.NodeName)
+	}
+	for _, c := range p.Spec.Containers {
+		if c.Name != container {
+			continue
+		}
+		for _, port := range c.Ports {
+			if port.Name == AgentPortName {
+				return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port.ContainerPort))), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("berth agent %s/%s: container %s has no port named %s", p.Namespace, p.Name, container, AgentPortName)
+}
