@@ -159,12 +159,13 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 		return err
 	}
 	// a receiver's (or a pull's) stamp, kept beside the checkpoint in the root, spares reading
-	// files it recorded as verified and unchanged since; it covers a top-level berth.json only
-	stamped := false
+	// files it recorded as verified and unchanged since; for a CRI checkpoint a receiver
+	// extracted (transfer.LayoutCRI) it is beside checkpoint/, inside the checkpoint directory
+	var stamped bool
 	if atTop {
 		stamped, err = checkpoint.VerifyHeld(root, plan.dir, m)
 	} else {
-		err = checkpoint.Verify(signedDir, m)
+		stamped, err = checkpoint.VerifyHeld(signedDir, filepath.Join(plan.dir, checkpoint.ImagesDir), m)
 	}
 	log.G(ctx).WithFields(log.Fields{"checkpoint": plan.name(), "receiver_stamp": stamped}).Debug("checkpoint digests verified")
 	if err != nil {

@@ -93,6 +93,9 @@ func TestCRIArchiveRoundTrip(t *testing.T) {
 	if err := checkpoint.Verify(filepath.Join(final, checkpoint.ImagesDir), m); err != nil {
 		t.Error(err)
 	}
+	if used, err := checkpoint.VerifyStamped(filepath.Join(final, checkpoint.ImagesDir), m); err != nil || !used {
+		t.Errorf("the receiver's stamp of checkpoint/: used %v, %v", used, err)
+	}
 	if b, err := os.ReadFile(filepath.Join(final, "config.dump")); err != nil || string(b) != `{"id":"c1"}` {
 		t.Errorf("config.dump: %q %v", b, err)
 	}

@@ -532,6 +532,12 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 			return "", drained, fmt.Errorf("receive %s: %w", name, err)
 		}
 	}
+	if signed != "." {
+		// a CRI checkpoint's stamp goes beside its checkpoint/, inside the directory (its parent
+		// is the checkpoint directory, not the root), before the rename: files keep their
+		// inodes and change times when their directory is renamed
+		_ = checkpoint.WriteStamp(filepath.Join(staging, signed), m)
+	}
 	if !r.NoSync {
 		if err := syncTree(staging); err != nil {
 			return "", drained, fmt.Errorf("receive %s: %w", name, err)

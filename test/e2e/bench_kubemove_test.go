@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/shim"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/scenario"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -25,6 +27,10 @@ type kubeMoveSample struct {
 	moveWall, moveReady       time.Duration // berthctl move (the restore pod Ready), then /healthz answering
 	movePhases                []phase
 	moveBytes                 int64
+	// moveDetail splits the move's checkpoint and restore phases: what berth's shim recorded
+	// (the checkpoint's manifest, the restore report in the restore pod's bundle) and the rest
+	// (the kubelet, containerd's CRI, scheduling, the sandbox)
+	moveDetail []phase
 }
 
 func (s kubeMoveSample) migrateTotal() time.Duration { return s.migrateWall + s.migrateReady }
@@ -47,7 +53,7 @@ func kubeMoveBenchMiB(b *testing.B) (int, string) {
 // BenchmarkKubeMove moves the inference workload holding 1 GiB (see kubeMoveBenchMiB) with
 // berthctl migrate between the two containerd nodes, and as a pod of RuntimeClass berth with
 // `kubectl berth move` (berthctl move: the kubelet checkpoint API through the API server, the
-// archive copied to the other node's checkpoint root, a restore pod Ready, the source deleted)
+// archive sent node to node by the berth agents, a restore pod Ready, the source deleted)
 // between the two kubelets of the Kubernetes cluster, in alternating order, BERTH_BENCH_ROUNDS
 // rounds (default 3). Each total runs until the workload answers /healthz on the destination.
 // It reports the medians and move/migrate; it never asserts on times.
@@ -186,7 +192,46 @@ func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns s
 	t = time.Now()
 	healthz(restored, time.Minute)
 	s.moveReady = time.Since(t)
+	s.moveDetail = kubeMoveDetail(b, dst, res, s.movePhases)
 	cleanup()
+}
+
+// kubeMoveDetail splits the move's checkpoint and restore phases into the shim's steps (from the
+// received checkpoint's checkpoint/berth.json and the restore pod's berth-restore.json) and the
+// rest of each phase.
+func kubeMoveDetail(b *testing.B, dst *node.KubeNode, res kubeMoveResult, phases []phase) []phase {
+	var out []phase
+	var shimCkpt time.Duration
+	if m, err := checkpoint.ReadManifest(filepath.Join(dst.CheckpointRoot, res.Checkpoint, checkpoint.ImagesDir)); err != nil {
+		b.Logf("checkpoint phases: %v", err)
+	} else {
+		for _, p := range m.Phases {
+			d := time.Duration(p.Ms * float64(time.Millisecond))
+			shimCkpt += d
+			out = append(out, phase{"checkpoint: shim " + p.Name, d})
+		}
+	}
+	out = append(out, phase{"checkpoint: kubelet, containerd (rest)", phaseOf(phases, "checkpoint") - shimCkpt})
+	reports, _ := filepath.Glob(filepath.Join(dst.Dir, "state", "io.containerd.runtime.v2.task", "k8s.io", "*", shim.RestoreReportFile))
+	var newest string
+	var newestMod time.Time
+	for _, r := range reports {
+		if fi, err := os.Stat(r); err == nil && fi.ModTime().After(newestMod) {
+			newest, newestMod = r, fi.ModTime()
+		}
+	}
+	var rep shim.RestoreReport
+	if raw, err := os.ReadFile(newest); err != nil || json.Unmarshal(raw, &rep) != nil {
+		b.Logf("restore report %q: %v", newest, err)
+	}
+	var shimRestore time.Duration
+	for _, p := range rep.Phases {
+		d := time.Duration(p.Ms * float64(time.Millisecond))
+		shimRestore += d
+		out = append(out, phase{"restore: shim " + p.Name, d})
+	}
+	out = append(out, phase{"restore: create, verify, schedule (rest)", phaseOf(phases, "restore") - shimRestore})
+	return out
 }
 
 // printKubeMoveTable prints the medians of both paths' phases and totals.
@@ -219,6 +264,9 @@ func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample) {
 	fmt.Fprintln(w, "kubectl berth move (two kubelets, the kubelet checkpoint API):")
 	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.movePhases }) {
 		fmt.Fprintf(w, "  %-34s %8s\n", p.name, sec(p.d))
+	}
+	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.moveDetail }) {
+		fmt.Fprintf(w, "    %-42s %8s\n", p.name, sec(p.d))
 	}
 	fmt.Fprintf(w, "  %-34s %8s\n", "wall", sec(med(func(s kubeMoveSample) time.Duration { return s.moveWall })))
 	fmt.Fprintf(w, "  %-34s %8s\n", "then /healthz on the restore pod", sec(med(func(s kubeMoveSample) time.Duration { return s.moveReady })))

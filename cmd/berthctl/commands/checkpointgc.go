@@ -21,7 +21,7 @@ import (
 // Checkpoints on a node's disk: the kubelet writes one archive per checkpoint API call into its
 // checkpoint directory and never deletes one (kubernetes#115888); berth's checkpoint root holds
 // what restore pods restore from. ls lists both, rm removes named ones, gc applies a retention
-// policy (the newest N per container, a byte budget), which the checkpoint-gc DaemonSet of
+// policy (the newest N per container, a byte budget), which the agent DaemonSet (its gc container) of
 // contrib/kubernetes runs on every node.
 
 // DefaultKubeletCheckpointDir is where the kubelet checkpoint API writes archives
@@ -319,7 +319,7 @@ root: beyond the newest --keep of each container (namespace/pod/container, from 
 then, oldest first, until all of them take at most --max-bytes; each container's newest checkpoint
 is removed by --keep only. Nothing younger than --min-age is removed (an archive being written, or
 one a restore pod is about to restore). It prints what it removed. --interval runs it again and
-again (the checkpoint-gc DaemonSet).`,
+again (the gc container of the agent DaemonSet).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if p.Keep < 0 || p.MaxBytes < 0 {
