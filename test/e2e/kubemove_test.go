@@ -82,6 +82,69 @@ func TestKubeMove(t *testing.T) {
 		_, _ = c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--wait=false")
 	})
 
+	t.Run("ReplicaSet adopts the restored pod", func(t *testing.T) {
+		pod := kubePodYAML("x", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name})
+		spec := strings.Replace(pod[strings.Index(pod, "spec:\n")+len("spec:\n"):], "restartPolicy: Never", "restartPolicy: Always", 1)
+		rs := fmt.Sprintf("apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: rsinfer, namespace: %s}\nspec:\n  replicas: 1\n"+
+			"  selector: {matchLabels: {app: rsinfer}}\n  template:\n    metadata: {labels: {app: rsinfer}}\n    spec:\n", ns)
+		for _, l := range strings.Split(strings.TrimRight(spec, "\n"), "\n") {
+			rs += "    " + l + "\n"
+		}
+		if _, err := c.KubectlIn(ctx, strings.NewReader(rs), "apply", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "replicaset", "rsinfer", "--wait=false") }()
+		if _, err := c.Kubectl(ctx, "-n", ns, "wait", "--for=condition=Ready", "pod", "-l", "app=rsinfer", "--timeout=120s"); err != nil {
+			t.Fatal(err)
+		}
+		name, err := c.Kubectl(ctx, "-n", ns, "get", "pod", "-l", "app=rsinfer", "-o", "jsonpath={.items[0].metadata.name}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// every pod the ReplicaSet's selector ever selects during the move
+		wctx, stop := context.WithCancel(ctx)
+		watch := exec.CommandContext(wctx, c.Kube.Tool("kubectl"), "--kubeconfig", c.Kubeconfig, "-n", ns, "get", "pods", "-l", "app=rsinfer", "--watch", "-o", "name")
+		var seen strings.Builder
+		watch.Stdout = &seen
+		if err := watch.Start(); err != nil {
+			t.Fatal(err)
+		}
+		out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, name, "--to", dst.Name, "-o", "json")
+		if err != nil {
+			stop()
+			_ = watch.Wait()
+			t.Fatalf("move of a ReplicaSet's pod: %v\n%s%s", err, out, stderr)
+		}
+		var res kubeMoveResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second) // room for a ReplicaSet that would scale up or delete
+		stop()
+		_ = watch.Wait()
+		names := map[string]bool{}
+		for _, n := range strings.Fields(seen.String()) {
+			names[strings.TrimPrefix(n, "pod/")] = true
+		}
+		if len(names) != 2 || !names[name] || !names[res.Restored] {
+			t.Errorf("pods the ReplicaSet selected during the move: %v; want only %s and %s (no fresh replica)", names, name, res.Restored)
+		}
+		left, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", "app=rsinfer", "-o", `jsonpath={range .items[*]}{.metadata.name} {.metadata.ownerReferences[0].name} {.spec.nodeName} {.metadata.deletionTimestamp}{"\n"}{end}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := []string{}
+		for _, l := range strings.Split(strings.TrimSpace(left), "\n") {
+			if f := strings.Fields(l); len(f) == 3 { // not being deleted
+				lines = append(lines, l)
+			}
+		}
+		if want := res.Restored + " rsinfer " + dst.Name; len(lines) != 1 || lines[0] != want {
+			t.Errorf("pods of the ReplicaSet after the move: %q; want %q", left, want)
+		}
+		t.Logf("moved ReplicaSet pod %s -> %s on %s (phases %v)", name, res.Restored, dst.Name, res.Phases)
+	})
+
 	srcPod := kubeRunPod(t, ctx, c, ns, "mover", kubePodYAML("mover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
 	st := client.Target{BaseURL: srcPod.Status.PodIP + ":8080"}
 	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {

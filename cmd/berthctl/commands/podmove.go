@@ -84,8 +84,14 @@ func Move(g *Globals) *cobra.Command {
 
 It prints every phase's wall time as it ends (-o json: the result at the end). On any failure
 before the restore pod is Ready, the source pod keeps running and the restore pod and the copied
-checkpoint are removed. A pod that a controller owns (ownerReferences) is refused: the controller
-would replace the deleted source with a fresh replica and not adopt the restored pod.
+checkpoint are removed.
+
+A pod of a ReplicaSet (a Deployment's) moves into the same ReplicaSet: the restore pod is created
+outside its selector; once it is Ready the source gets the lowest pod deletion cost
+(controller.kubernetes.io/pod-deletion-cost) and the restore pod the source's labels, so the
+ReplicaSet adopts it and, one replica over, deletes the source: it never creates a replica nor
+deletes the restored pod. Pods of other controllers are refused, the error saying why for each
+(StatefulSet: pods known by name; DaemonSet: one pod per node; others would start a fresh pod).
 
 --transfer agent (the default) goes through the berth agents (contrib/kubernetes/
 berth-agent-daemonset.yaml, namespace --agent-namespace): berthctl runs 'berthctl checkpoint

@@ -31,8 +31,8 @@ import (
 
 // Sentinel errors.
 var (
-	// ErrOwned: the pod belongs to a controller (ownerReferences), which would replace a deleted
-	// source pod with a fresh one and not own the restored one.
+	// ErrOwned: the pod belongs to an owner whose pods cannot be moved (a controller other than
+	// a ReplicaSet, or a non-controller owner): see checkMovable for why, per kind.
 	ErrOwned = errors.New("pod is owned by a controller")
 	// ErrNotMovable: the pod cannot be moved as it is (not running, not the berth runtime, more
 	// than one container).
@@ -96,6 +96,9 @@ type Result struct {
 	Archive    string            `json:"archive"`
 	Checkpoint string            `json:"checkpoint"`
 	Bytes      int64             `json:"bytes"`
+	// Controller is KIND/NAME of the ReplicaSet that owned the source pod and adopted the
+	// restored one; "" for a pod without one.
+	Controller string `json:"controller,omitempty"`
 	Selector   map[string]string `json:"nodeSelector"`
 	Phases     []Phase           `json:"phases"`
 	TotalMs    float64           `json:"totalMs"`
@@ -128,6 +131,13 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	container, err := checkMovable(src, o.Container)
 	if err != nil {
 		return nil, err
+	}
+	var rs *adoption
+	if c := metav1.GetControllerOf(src); c != nil {
+		if rs, err = prepareAdoption(ctx, cs, src, c); err != nil {
+			return nil, err
+		}
+		res.Controller = c.Kind + "/" + c.Name
 	}
 	res.From = src.Spec.NodeName
 	phase("preflight", t0)
@@ -175,8 +185,9 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		return nil, fmt.Errorf("bring %s from %s to %s: %w", res.Archive, src.Spec.NodeName, o.To, err)
 	}
 	copied := res.Checkpoint
+	committed := false // the restored pod stays: a ReplicaSet may have deleted the source
 	defer func() {
-		if retErr != nil {
+		if retErr != nil && !committed {
 			_ = o.Transfer.Remove(context.WithoutCancel(ctx), o.To, copied)
 		}
 	}()
@@ -184,13 +195,18 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 
 	t0 = now()
 	rp := restorePod(src, o, res)
+	if rs != nil {
+		// out of the ReplicaSet's sight until Ready: it would adopt a Pending pod and, one
+		// replica over, delete it first (ReplicaSets delete unready pods before ready ones)
+		rp.Labels = map[string]string{LabelMoving: string(src.UID)}
+	}
 	created, err := pods.Create(ctx, rp, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("create restore pod %s/%s: %w", o.Namespace, rp.Name, err)
 	}
 	res.Restored = created.Name
 	defer func() {
-		if retErr != nil {
+		if retErr != nil && !committed {
 			// the restore pod goes before its archive (deferred above) is removed
 			zero := int64(0)
 			_ = pods.Delete(context.WithoutCancel(ctx), created.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
@@ -200,6 +216,16 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		return nil, err
 	}
 	phase("restore", t0)
+	if rs != nil {
+		t0 = now()
+		if committed, err = rs.handOver(ctx, cs, src, created); err != nil {
+			if committed {
+				return res, err
+			}
+			return nil, err
+		}
+		phase("adopt", t0)
+	}
 
 	t0 = now()
 	uid := src.UID
@@ -211,15 +237,26 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	return res, nil
 }
 
-// checkMovable returns the container to checkpoint, or why p cannot be moved.
+// checkMovable returns the container to checkpoint, or why p cannot be moved. A pod whose
+// controller is a ReplicaSet (a Deployment's included) is movable: the ReplicaSet adopts the
+// restored pod (adoption.go). Other owners are refused, each saying why.
 func checkMovable(p *corev1.Pod, container string) (string, error) {
 	id := p.Namespace + "/" + p.Name
 	if c := metav1.GetControllerOf(p); c != nil {
-		return "", fmt.Errorf("%w: %s is managed by %s %s, which would start a fresh replica when the source pod is deleted and would not adopt the restored one; move a pod without a controller (or scale the controller down and move its pod)",
-			ErrOwned, id, c.Kind, c.Name)
-	}
-	if len(p.OwnerReferences) > 0 {
-		return "", fmt.Errorf("%w: %s has ownerReferences (%s %s)", ErrOwned, id, p.OwnerReferences[0].Kind, p.OwnerReferences[0].Name)
+		switch {
+		case c.Kind == "ReplicaSet" && strings.HasPrefix(c.APIVersion, "apps/"):
+		case c.Kind == "StatefulSet":
+			return "", fmt.Errorf("%w: %s is managed by StatefulSet %s: its pods are known by name (%s), which the restore pod cannot take while the source holds it, and once the source is deleted the StatefulSet recreates %s fresh at once; scale the StatefulSet down to release the pod, or move pods of a Deployment",
+				ErrOwned, id, c.Name, p.Name, p.Name)
+		case c.Kind == "DaemonSet":
+			return "", fmt.Errorf("%w: %s is managed by DaemonSet %s, which runs one pod per node: a pod moved to another node would be a second one there and its node would get a fresh one",
+				ErrOwned, id, c.Name)
+		default:
+			return "", fmt.Errorf("%w: %s is managed by %s %s, which would start a fresh replica when the source pod is deleted and would not adopt the restored one (berth adopts only into ReplicaSets and Deployments); move a pod without a controller, or scale the controller down and move its pod",
+				ErrOwned, id, c.Kind, c.Name)
+		}
+	} else if len(p.OwnerReferences) > 0 {
+		return "", fmt.Errorf("%w: %s has ownerReferences (%s %s); a restore pod would not have them", ErrOwned, id, p.OwnerReferences[0].Kind, p.OwnerReferences[0].Name)
 	}
 	if p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName != RuntimeClass {
 		return "", fmt.Errorf("%w: %s does not run with runtimeClassName %s (only berth's shim checkpoints and restores)", ErrNotMovable, id, RuntimeClass)

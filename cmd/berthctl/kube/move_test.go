@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -33,8 +34,14 @@ func TestCheckMovable(t *testing.T) {
 		want error
 	}{
 		{"movable", func(*corev1.Pod) {}, nil},
-		{"controller", func(p *corev1.Pod) {
-			p.OwnerReferences = []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "rs", Controller: &yes}}
+		{"ReplicaSet", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", Controller: &yes}}
+		}, nil},
+		{"StatefulSet", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "web", Controller: &yes}}
+		}, ErrOwned},
+		{"Job", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "j", Controller: &yes}}
 		}, ErrOwned},
 		{"owner", func(p *corev1.Pod) { p.OwnerReferences = []metav1.OwnerReference{{Kind: "Job", Name: "j"}} }, ErrOwned},
 		{"runc", func(p *corev1.Pod) { p.Spec.RuntimeClassName = nil }, ErrNotMovable},
@@ -91,5 +98,32 @@ func TestPickNode(t *testing.T) {
 	}
 	if _, err := pickNode(context.Background(), cs, map[string]string{"berth.dev/fingerprint": "g"}, "kube4"); !errors.Is(err, ErrNoNode) {
 		t.Errorf("pickNode without a match: %v", err)
+	}
+}
+
+func TestPrepareAdoption(t *testing.T) {
+	yes := true
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "rs", Namespace: "ns", UID: "rs-uid"},
+		Spec:       appsv1.ReplicaSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "infer"}}},
+	}
+	everything := rs.DeepCopy()
+	everything.Name, everything.UID, everything.Spec.Selector = "all", "all-uid", &metav1.LabelSelector{}
+	cs := fake.NewClientset(rs, everything)
+	p := runningPod()
+	for _, tc := range []struct {
+		name string
+		ref  metav1.OwnerReference
+		ok   bool
+	}{
+		{"selects the pod", metav1.OwnerReference{Kind: "ReplicaSet", Name: "rs", UID: "rs-uid", Controller: &yes}, true},
+		{"missing", metav1.OwnerReference{Kind: "ReplicaSet", Name: "gone", UID: "x", Controller: &yes}, false},
+		{"replaced", metav1.OwnerReference{Kind: "ReplicaSet", Name: "rs", UID: "old-uid", Controller: &yes}, false},
+		{"selects every pod", metav1.OwnerReference{Kind: "ReplicaSet", Name: "all", UID: "all-uid", Controller: &yes}, false},
+	} {
+		_, err := prepareAdoption(context.Background(), cs, p, &tc.ref)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrOwned)) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
 	}
 }
