@@ -93,7 +93,9 @@ func TestKubeMove(t *testing.T) {
 		if _, err := c.KubectlIn(ctx, strings.NewReader(rs), "apply", "-f", "-"); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "replicaset", "rsinfer", "--wait=false") }()
+		defer func() {
+			_, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "replicaset", "rsinfer", "--wait=false")
+		}()
 		if _, err := c.Kubectl(ctx, "-n", ns, "wait", "--for=condition=Ready", "pod", "-l", "app=rsinfer", "--timeout=120s"); err != nil {
 			t.Fatal(err)
 		}

@@ -93,12 +93,12 @@ type Result struct {
 	// Archive is the kubelet's archive on the source node; Checkpoint its name in the
 	// destination's checkpoint root (the restore-from annotation): NS-POD-UNIXNANO, a directory
 	// (Agents), or with .tar an archive (SharedFS).
-	Archive    string            `json:"archive"`
-	Checkpoint string            `json:"checkpoint"`
-	Bytes      int64             `json:"bytes"`
+	Archive    string `json:"archive"`
+	Checkpoint string `json:"checkpoint"`
+	Bytes      int64  `json:"bytes"`
 	// Controller is KIND/NAME of the ReplicaSet that owned the source pod and adopted the
 	// restored one; "" for a pod without one.
-	Controller string `json:"controller,omitempty"`
+	Controller string            `json:"controller,omitempty"`
 	Selector   map[string]string `json:"nodeSelector"`
 	Phases     []Phase           `json:"phases"`
 	TotalMs    float64           `json:"totalMs"`
