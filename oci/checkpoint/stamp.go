@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -20,9 +21,26 @@ const StampDir = ".verified"
 // stamp records, for a checkpoint verified against its manifest, the manifest's digest and the
 // identity of every file as the kernel reports it (size, inode, change time). Change time cannot
 // be set by a user: any write, truncate, chmod or replacement of a file changes it.
+//
+// Boot is the kernel's boot ID when the stamp was written: a stamp of an earlier boot never
+// matches, so after a crash or reboot every file is read again (a receiver that does not fsync,
+// transfer.Receiver.NoSync, may leave files whose metadata survived a crash but not their data).
 type stamp struct {
 	Manifest string      `json:"manifest"`
+	Boot     string      `json:"boot,omitempty"`
 	Files    []stampFile `json:"files"`
+}
+
+// bootIDPath is where Linux reports the boot ID.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// bootID returns this boot's ID, "" where the kernel does not report one.
+func bootID() string {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return ""
+	}
+	return string(bytes.TrimSpace(b))
 }
 
 type stampFile struct {
@@ -94,7 +112,7 @@ func currentStamp(dir string, m *Manifest) (stamp, error) {
 		return stamp{}, err
 	}
 	sum := sha256.Sum256(raw)
-	st := stamp{Manifest: DigestAlgorithm + hex.EncodeToString(sum[:])}
+	st := stamp{Manifest: DigestAlgorithm + hex.EncodeToString(sum[:]), Boot: bootID()}
 	for _, f := range m.Files {
 		if !ValidFilePath(f.Path) {
 			return stamp{}, fmt.Errorf("%s: %w", f.Path, ErrInvalidManifest)
@@ -120,7 +138,7 @@ func currentStamp(dir string, m *Manifest) (stamp, error) {
 }
 
 func equalStamps(a, b stamp) bool {
-	if a.Manifest != b.Manifest || len(a.Files) != len(b.Files) {
+	if a.Manifest != b.Manifest || a.Boot != b.Boot || len(a.Files) != len(b.Files) {
 		return false
 	}
 	for i := range a.Files {

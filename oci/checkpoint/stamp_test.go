@@ -31,6 +31,24 @@ func TestVerifyStamped(t *testing.T) {
 	if used, err := VerifyStamped(dir, m); err != nil || !used {
 		t.Fatalf("with a fresh stamp: used %v, %v", used, err)
 	}
+	// a stamp of another boot (written before a crash or reboot) is not used: every file is read
+	b, err := os.ReadFile(stampPath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bootID() != "" && !strings.Contains(string(b), bootID()) {
+		t.Fatalf("stamp %s does not record the boot ID %s", b, bootID())
+	}
+	other := strings.Replace(string(b), `"boot":"`+bootID()+`"`, `"boot":"an-earlier-boot"`, 1)
+	if err := os.WriteFile(stampPath(dir), []byte(other), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if used, err := VerifyStamped(dir, m); err != nil || used {
+		t.Fatalf("with a stamp of another boot: used %v, %v; want a full verification", used, err)
+	}
+	if err := WriteStamp(dir, m); err != nil {
+		t.Fatal(err)
+	}
 	// tamper with the same size: the change time moves, the stamp no longer applies, the digest catches it
 	time.Sleep(10 * time.Millisecond)
 	if err := os.WriteFile(pages, []byte(strings.Repeat("q", 8192)), 0o600); err != nil {

@@ -1,5 +1,6 @@
-// Package transfer moves a berth checkpoint directory from one node to another over a net.Conn:
-// Send on the source node, Receiver on the destination.
+// Package transfer moves a berth checkpoint directory, or a CRI checkpoint archive as the kubelet
+// wrote it (SendCRIArchive, LayoutCRI), from one node to another over a net.Conn: Send on the
+// source node, Receiver on the destination.
 //
 // Protocol (version Magic, "berth-transfer/2"), one connection per checkpoint. The receiver
 // speaks first:

@@ -196,6 +196,7 @@ func Receive(g *Globals) *cobra.Command {
 		listen, root    string
 		allowed         []string
 		transferTimeout time.Duration
+		noSync          bool
 		tf              *tlsFlags
 		trust           *trustFlags
 		output          *format
@@ -251,7 +252,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 				_, err := verifyCheckpoint(ctx, policy, dir, &lockedWriter{mu: &mu, w: cmd.ErrOrStderr()})
 				return err
 			}
-			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout,
+			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout, NoSync: noSync,
 				OnDone: func(remote net.Addr, path string, err error) {
 					if err != nil {
 						report(receiveEvent{Event: "rejected", From: remote.String(), Error: err.Error()}, "rejected a checkpoint from %s: %v\n", remote, err)
@@ -287,6 +288,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 	f.StringVar(&root, "root", "", "checkpoint root to write into (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	f.StringArrayVar(&allowed, "allowed-peer", nil, "accept only senders whose certificate names this (SAN or CN; repeatable; default: any the CA issued)")
 	f.DurationVar(&transferTimeout, "transfer-timeout", 0, "bound on one whole transfer, handshake to verdict (0: 30m)")
+	f.BoolVar(&noSync, "no-sync", false, "do not fsync received checkpoints: for checkpoints restored at once (the agents of kubectl berth move); after a crash one may be torn, and its restore then reads and refuses it (a verification stamp does not outlive a reboot)")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, false, true)
 	output = addFormat(f, formatText, formatJSON)
