@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,16 +193,34 @@ func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns s
 	t = time.Now()
 	healthz(restored, time.Minute)
 	s.moveReady = time.Since(t)
-	s.moveDetail = kubeMoveDetail(b, dst, res, s.movePhases)
+	s.moveDetail = kubeMoveDetail(b, src, dst, res, s.movePhases)
 	cleanup()
 }
 
 // kubeMoveDetail splits the move's checkpoint and restore phases into the shim's steps (from the
 // received checkpoint's checkpoint/berth.json and the restore pod's berth-restore.json) and the
 // rest of each phase.
-func kubeMoveDetail(b *testing.B, dst *node.KubeNode, res kubeMoveResult, phases []phase) []phase {
+func kubeMoveDetail(b *testing.B, src, dst *node.KubeNode, res kubeMoveResult, phases []phase) []phase {
 	var out []phase
 	var shimCkpt time.Duration
+	// the shim digests the CRIU images and writes its manifest after the manifest's phases end:
+	// its log says how long that took (manifest_ms of the last "checkpoint written")
+	if raw, err := os.ReadFile(src.Log); err == nil {
+		lines := strings.Split(string(raw), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			if !strings.Contains(lines[i], `msg="checkpoint written"`) {
+				continue
+			}
+			if _, v, ok := strings.Cut(lines[i], "manifest_ms="); ok {
+				if ms, err := strconv.ParseFloat(strings.Fields(v)[0], 64); err == nil {
+					d := time.Duration(ms * float64(time.Millisecond))
+					shimCkpt += d
+					out = append(out, phase{"checkpoint: shim digest, manifest", d})
+				}
+			}
+			break
+		}
+	}
 	if m, err := checkpoint.ReadManifest(filepath.Join(dst.CheckpointRoot, res.Checkpoint, checkpoint.ImagesDir)); err != nil {
 		b.Logf("checkpoint phases: %v", err)
 	} else {
