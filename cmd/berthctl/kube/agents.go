@@ -132,7 +132,11 @@ func (a *Agents) exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byt
 		if len(msg) > 2000 {
 			msg = "..." + msg[len(msg)-2000:]
 		}
-		return stdout.Bytes(), fmt.Errorf("%s in %s/%s on %s: %w: %s", strings.Join(argv[:min(len(argv), 3)], " "), p.Namespace, p.Name, p.Spec.NodeName, err, msg)
+		what := path.Base(argv[0])
+		if len(argv) > 1 {
+			what += " " + argv[1]
+		}
+		return stdout.Bytes(), fmt.Errorf("%s in berth agent %s/%s on %s: %w: %s", what, p.Namespace, p.Name, p.Spec.NodeName, err, msg)
 	}
 	return stdout.Bytes(), nil
 }
