@@ -127,3 +127,30 @@ func TestPrepareAdoption(t *testing.T) {
 		}
 	}
 }
+
+func TestAgentAddress(t *testing.T) {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "berth-agent-x", Namespace: DefaultAgentNamespace},
+		Spec: corev1.PodSpec{NodeName: "kube2", Containers: []corev1.Container{
+			{Name: "gc"},
+			{Name: DefaultAgentContainer, Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9000}, {Name: AgentPortName, ContainerPort: 7650}}},
+		}},
+		Status: corev1.PodStatus{PodIP: "10.88.92.2"},
+	}
+	if a, err := agentAddress(p, DefaultAgentContainer); err != nil || a != "10.88.92.2:7650" {
+		t.Errorf("agentAddress = %q, %v", a, err)
+	}
+	p.Status.PodIP = "fd00::2"
+	if a, _ := agentAddress(p, DefaultAgentContainer); a != "[fd00::2]:7650" {
+		t.Errorf("IPv6: %q", a)
+	}
+	p.Status.PodIP = ""
+	if _, err := agentAddress(p, DefaultAgentContainer); err == nil {
+		t.Error("no pod IP: no error")
+	}
+	// no agent pod at all
+	a := &Agents{Client: fake.NewClientset()}
+	if _, err := a.ArchiveSelector(context.Background(), "kube1", "/x/checkpoint-a.tar"); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("without agents: %v, want ErrNoAgent", err)
+	}
+}
