@@ -136,7 +136,8 @@ const (
 
 // StartKube builds berth and the images, starts the control plane and o.Nodes nodes, waits until
 // every node is Ready, applies contrib/kubernetes (RuntimeClass berth, the berth-nri DaemonSet on
-// every node, the label writer), waits until berth-nri runs on every node and has Node Feature
+// every node, the label writer, the agent DaemonSet: receiver and collector on every node), waits
+// until berth-nri and the agents run on every node and has Node Feature
 // Discovery label each node from the feature file `berthctl labels` writes there. On error
 // everything started is stopped.
 func StartKube(ctx context.Context, o KubeOptions) (_ *KubeCluster, retErr error) {
@@ -209,7 +210,7 @@ func StartKube(ctx context.Context, o KubeOptions) (_ *KubeCluster, retErr error
 	if err := c.applyContrib(ctx); err != nil {
 		return nil, err
 	}
-	c.step("contrib/kubernetes applied, berth-nri on every node", t0)
+	c.step("contrib/kubernetes applied, berth-nri and the agents on every node", t0)
 	t0 = time.Now()
 	if err := c.labelNodes(ctx); err != nil {
 		return nil, err
