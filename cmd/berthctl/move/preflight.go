@@ -23,6 +23,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/devicemap"
+	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
@@ -46,6 +49,9 @@ type Need struct {
 	PIDs []int
 	// Fingerprint is the fingerprint it was (or would be) taken against; nil: not compared.
 	Fingerprint *fingerprint.Fingerprint
+	// GPU is the container's GPUs (model, device memory it holds on each, links between them),
+	// as the checkpoint's manifest records them; nil: none, or unknown.
+	GPU *checkpoint.GPUState
 }
 
 // Destination is what the preflight reads of the destination node.
@@ -63,6 +69,10 @@ type Destination struct {
 	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
 	// ProcRoot is /proc (a test seam); "" means /proc.
 	ProcRoot string
+	// GPUs is the destination node's GPU inventory (model, device memory total and used, links):
+	// with Local, a checkpoint's GPUs must fit on GPUs of their models with enough free memory
+	// (gpu/devicemap, as the shim will map them). nil skips the check.
+	GPUs gpu.Inventory
 }
 
 // Refusal is one reason a destination cannot take a container: which field, its value there,
@@ -105,7 +115,8 @@ func (e *PreflightError) Unwrap() error { return ErrPreflight }
 
 // Preflight checks, before the source is paused, that the destination can restore need: the
 // image (same digest), every bind source, the memory limit against the memory the container
-// holds, free memory, PID namespace, fingerprint (CRIU, kernel, CPU...) and free disk. It returns
+// holds, free memory, PID namespace, fingerprint (CRIU, kernel, CPU...), free disk and free
+// device memory on GPUs of the checkpoint's models (gpuRefusals). It returns
 // nil, a *PreflightError naming each refused field with its value and the limit, or the error of
 // a check that could not run.
 func Preflight(ctx context.Context, dst Destination, need Need) error {
@@ -181,6 +192,13 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 		if free := int64(st.Bavail) * st.Bsize; free < need.DiskBytes {
 			refuse("free disk under "+dst.Root, strconv.FormatInt(free, 10)+" bytes", ">= "+strconv.FormatInt(need.DiskBytes, 10)+" bytes", "free disk on the destination")
 		}
+	}
+	if need.GPU != nil && len(need.GPU.Devices) > 0 && dst.GPUs != nil {
+		r, err := gpuRefusals(need.GPU, dst.GPUs)
+		if err != nil {
+			return err
+		}
+		refusals = append(refusals, r...)
 	}
 	if need.Fingerprint != nil && dst.Fingerprint != nil {
 		node, err := dst.Fingerprint(ctx)
@@ -278,6 +296,7 @@ func NeedOfCheckpoint(p string) (Need, error) {
 	}
 	fp := m.Fingerprint
 	n.Fingerprint = &fp
+	n.GPU = m.GPU
 	if b := files[checkpoint.SpecFile]; b != nil {
 		var sp specs.Spec
 		if err := json.Unmarshal(b, &sp); err != nil {
@@ -371,4 +390,65 @@ func memAvailable(proc string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no MemAvailable in %s/meminfo", proc)
+}
+
+// gpuRefusals checks that the checkpoint's GPUs (st) fit on the destination's GPUs (inv) as the
+// shim will map them (devicemap.Choose: a GPU of the same model with at least the device memory
+// the container held on it free, each GPU used once). It returns nil when they fit, else one
+// refusal per checkpointed GPU that no GPU of its model could take alone (the model missing, or
+// the most free memory of its model's GPUs too small), or one for the set when each fits alone
+// but not all together. The error is the inventory's.
+func gpuRefusals(st *checkpoint.GPUState, inv gpu.Inventory) ([]Refusal, error) {
+	devs, err := inv.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("GPUs of the destination: %w", err)
+	}
+	var topo *topology.Topology
+	if t, ok := inv.(gpu.Topologist); ok {
+		topo, _ = t.Topology() // unknown: mapped by model and memory alone
+	}
+	_, err = devicemap.Choose(devicemap.ForCheckpoint(st, devs, topo))
+	if err == nil {
+		return nil, nil
+	}
+	if !errors.Is(err, devicemap.ErrNoFit) {
+		return nil, fmt.Errorf("device map onto the destination's GPUs: %w", err)
+	}
+	var out []Refusal
+	for i, src := range st.Devices {
+		var best *gpu.Device
+		for j := range devs {
+			if devs[j].Name == src.Name && (best == nil || devs[j].MemoryFree() > best.MemoryFree()) {
+				best = &devs[j]
+			}
+		}
+		switch {
+		case best == nil:
+			out = append(out, Refusal{Field: fmt.Sprintf("gpu[%d] model", i), Value: "no " + src.Name + " (" + describeGPUs(devs) + ")",
+				Limit: src.Name + " (as " + src.UUID + " on the source)", Fix: "restore on a node with a GPU of that model"})
+		case best.MemoryFree() < src.MemoryUsed:
+			out = append(out, Refusal{Field: fmt.Sprintf("gpu[%d] device memory free (%s)", i, src.Name),
+				Value: fmt.Sprintf("%d bytes at most, on %s (%d of %d bytes used)", best.MemoryFree(), best.UUID, best.MemoryUsed, best.MemoryTotal),
+				Limit: fmt.Sprintf(">= %d bytes (what the container held on %s)", src.MemoryUsed, src.UUID),
+				Fix:   "free device memory on the destination's GPUs, or restore where a GPU of that model has it free"})
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, Refusal{Field: "gpus", Value: describeGPUs(devs),
+			Limit: fmt.Sprintf("%d GPUs of their models, each with the device memory free that the container held on its GPU", len(st.Devices)),
+			Fix:   "free device memory on the destination's GPUs, or restore on a node with more of them"})
+	}
+	return out, nil
+}
+
+// describeGPUs lists devs as "UUID MODEL (FREE bytes free)", comma-separated; "no GPUs" when empty.
+func describeGPUs(devs []gpu.Device) string {
+	if len(devs) == 0 {
+		return "no GPUs"
+	}
+	parts := make([]string, len(devs))
+	for i, d := range devs {
+		parts[i] = fmt.Sprintf("%s %s (%d bytes free)", d.UUID, d.Name, d.MemoryFree())
+	}
+	return strings.Join(parts, ", ")
 }
