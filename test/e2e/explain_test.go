@@ -90,6 +90,33 @@ func TestXplMigratePreflight(t *testing.T) {
 	fltRequireDstClean(t, ctx, dst, before, []string{"xpl-p-moved"}, "xpl-p")
 }
 
+// TestXplRemoteReceiverPreflight: with --receiver (a 'berthctl receive' on the destination
+// node), the checks that need the destination host are answered by the receiver before the
+// source is paused: a bind source missing there refuses the move, naming the field, the value
+// and the limit; the source is never paused and nothing reaches the destination.
+func TestXplRemoteReceiverPreflight(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	bindDir := t.TempDir()
+	const id = "xpl-r-src"
+	xplRun(t, ctx, src, id, bindDir, 0)
+	fltNoErr(t, os.RemoveAll(bindDir)) // the receiving node lacks it
+	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+	before := fltDstState(t, ctx, dst)
+	ev := fltWatch(t, ctx, src, id)
+	out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--receiver", rcv.addr, "--id", "xpl-r-moved", "--work-dir", t.TempDir(), "--name", "xpl-r", id)
+	fltRequireErr(t, "migrate to a receiver whose node lacks a bind source", out, err,
+		"nothing was paused", "mounts[", "(destination /xpl-data) is "+bindDir+" (missing), needs an existing path")
+	if strings.Contains(out, "warning:") {
+		t.Errorf("the receiver did not answer the preflight:\n%s", out)
+	}
+	ev.requireUntouched(t)
+	fltRequireDstClean(t, ctx, dst, before, []string{"xpl-r-moved"}, "xpl-r")
+}
+
 // TestXplCheckpointCheck: `berthctl checkpoint check` accepts a checkpoint the destination can
 // take and refuses, field by field, one whose image it lacks (another namespace), then the shim
 // itself refuses a restore under a memory limit below the checkpoint and one whose bind source

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -58,8 +59,10 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 
 Before anything is paused, the destination is checked (the same preflight as 'berthctl checkpoint
 check'): the image with the source's digest, namespaces joined by path, the memory limit against
-the source's memory now and, when the destination is this host (no --receiver), every bind
-source, free memory, PIDs in a shared host PID namespace and free disk under --root. Each refusal
+the source's memory now and, on the destination node, every bind source, free memory, PIDs in
+a shared host PID namespace and free disk under --root (this host without --receiver; with
+--receiver the 'berthctl receive' there answers them; a receiver too old to answer is warned
+about and skipped). Each refusal
 names the field, its value and what the container needs. A failed move removes the checkpoint
 the in-process receiver wrote unless --keep-failed.
 
@@ -127,11 +130,29 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			if err != nil {
 				return err
 			}
-			if err := move.Preflight(ctx, move.Destination{Client: dst, Namespace: ns, Local: receiver == "", Root: root}, need); err != nil {
-				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
-			}
 			if name == "" {
 				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
+			}
+			perr := move.Preflight(ctx, move.Destination{Client: dst, Namespace: ns, Local: receiver == "", Root: root}, need)
+			var pe *move.PreflightError
+			if perr != nil && !errors.As(perr, &pe) {
+				return fmt.Errorf("migrate %s: nothing was paused: %w", id, perr)
+			}
+			var local, remote []move.Refusal
+			if pe != nil {
+				local = pe.Refusals
+			}
+			if receiver != "" {
+				// the host-only checks, answered by the receiving node (one connection of its own)
+				if remote, err = remotePreflight(ctx, receiver, tf, name, need); err != nil {
+					if !errors.Is(err, transfer.ErrNoPreflight) {
+						return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v: the receiving node's own checks (bind sources, free memory, PIDs, free disk) did not run\n", err)
+				}
+			}
+			if err := move.MergeRefusals(local, remote); err != nil {
+				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
 			}
 			if workDir == "" {
 				workDir = filepath.Join(os.TempDir(), "berth-migrate")

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -29,29 +30,31 @@ import (
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/transfer"
 )
 
 // Need is what restoring one container asks of its destination node: read from a checkpoint
 // (NeedOfCheckpoint) or, before a move pauses anything, from the running source container
-// (NeedOfSource).
+// (NeedOfSource). Its JSON is the preflight query a remote receiver answers (RemotePreflight).
 type Need struct {
 	// Image and ImageDigest are the container's image and its digest ("" when unknown).
-	Image, ImageDigest string
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"imageDigest,omitempty"`
 	// Spec is the container's spec (bind mounts, memory limit, namespaces); nil when unknown.
-	Spec *specs.Spec
+	Spec *specs.Spec `json:"spec,omitempty"`
 	// MemoryBytes is the memory its processes hold: the checkpoint's pages, or the source's
 	// current usage.
-	MemoryBytes int64
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
 	// DiskBytes is what the checkpoint takes on the destination's disk.
-	DiskBytes int64
+	DiskBytes int64 `json:"diskBytes,omitempty"`
 	// PIDs are its processes' PIDs (needed free on the destination when the container shares
 	// the host's PID namespace).
-	PIDs []int
+	PIDs []int `json:"pids,omitempty"`
 	// Fingerprint is the fingerprint it was (or would be) taken against; nil: not compared.
-	Fingerprint *fingerprint.Fingerprint
+	Fingerprint *fingerprint.Fingerprint `json:"fingerprint,omitempty"`
 	// GPU is the container's GPUs (model, device memory it holds on each, links between them),
 	// as the checkpoint's manifest records them; nil: none, or unknown.
-	GPU *checkpoint.GPUState
+	GPU *checkpoint.GPUState `json:"gpu,omitempty"`
 }
 
 // Destination is what the preflight reads of the destination node.
@@ -212,6 +215,67 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 		}
 	}
 	return result(refusals)
+}
+
+// PreflightAnswer is a receiving node's answer to a preflight query: the refusals of its
+// host-only checks (none: it can take the container).
+type PreflightAnswer struct {
+	Refusals []Refusal `json:"refusals"`
+}
+
+// AnswerPreflight is the receiving node's side of a remote preflight (berthctl receive wires it
+// as transfer.Receiver.Preflight): query is a Need's JSON, checked against this node (dst,
+// whose Local must be set; with no Client, the image is left to the sender, which checks it
+// with the destination's containerd). It returns a PreflightAnswer's JSON. Errors: a query that
+// is not a Need (wrapping transfer.ErrProtocol), or a check that could not run.
+func AnswerPreflight(ctx context.Context, dst Destination, query json.RawMessage) (json.RawMessage, error) {
+	var need Need
+	if err := json.Unmarshal(query, &need); err != nil {
+		return nil, fmt.Errorf("%w: preflight query: %w", transfer.ErrProtocol, err)
+	}
+	a := PreflightAnswer{Refusals: []Refusal{}}
+	err := Preflight(ctx, dst, need)
+	var pe *PreflightError
+	switch {
+	case errors.As(err, &pe):
+		a.Refusals = pe.Refusals
+	case err != nil:
+		return nil, err
+	}
+	return json.Marshal(a)
+}
+
+// RemotePreflight asks the berth receiver on conn (dialed, not yet greeted; one query per
+// connection, closed by the caller) to check need against its node before anything is paused,
+// naming the checkpoint name the move will send. It returns the receiver's refusals (none: it
+// can take the container). Errors: transfer.QueryPreflight's, transfer.ErrNoPreflight among
+// them when the receiver gives no answer (an older receiver: its checks are then not run), or
+// an answer that is not a PreflightAnswer (transfer.ErrProtocol).
+func RemotePreflight(ctx context.Context, conn net.Conn, name string, need Need) ([]Refusal, error) {
+	raw, err := transfer.QueryPreflight(ctx, conn, name, need)
+	if err != nil {
+		return nil, err
+	}
+	var a PreflightAnswer
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, fmt.Errorf("%w: preflight answer of %s: %w", transfer.ErrProtocol, conn.RemoteAddr(), err)
+	}
+	return a.Refusals, nil
+}
+
+// MergeRefusals returns a followed by those of b that a lacks (the same String), as one error
+// (nil for none): the refusals of this host's checks and of a remote receiver's, which repeat the
+// checks that need no host.
+func MergeRefusals(a, b []Refusal) error {
+	seen := map[string]bool{}
+	var out []Refusal
+	for _, r := range append(append([]Refusal{}, a...), b...) {
+		if !seen[r.String()] {
+			seen[r.String()] = true
+			out = append(out, r)
+		}
+	}
+	return result(out)
 }
 
 func result(refusals []Refusal) error {
