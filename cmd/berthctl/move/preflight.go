@@ -331,6 +331,41 @@ func NeedOfSource(ctx context.Context, c *containerd.Client, ns, id string) (Nee
 	return n, nil
 }
 
+// GPUNeedOfSource is the device memory the processes pids (host PIDs: a source container's
+// task) hold on the GPUs of inv (the source node's inventory), as a checkpoint would record it:
+// one device per GPU on which they hold memory, in the inventory's order, with its model and the
+// bytes held (no links). It returns nil when they hold none, or when inv cannot tell
+// (gpu.ErrUnsupported: the shim's checkpoint then records none either). Errors: the inventory's.
+func GPUNeedOfSource(inv gpu.Inventory, pids []int) (*checkpoint.GPUState, error) {
+	held := map[string]uint64{}
+	for _, pid := range pids {
+		m, err := inv.ProcessMemory(pid)
+		if errors.Is(err, gpu.ErrUnsupported) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("device memory of pid %d: %w", pid, err)
+		}
+		for uuid, b := range m {
+			held[uuid] += b
+		}
+	}
+	if len(held) == 0 {
+		return nil, nil
+	}
+	devs, err := inv.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("GPUs of the source: %w", err)
+	}
+	st := &checkpoint.GPUState{}
+	for _, d := range devs {
+		if b := held[d.UUID]; b > 0 {
+			st.Devices = append(st.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, MemoryUsed: b})
+		}
+	}
+	return st, nil
+}
+
 // NeedOfCheckpoint is what the checkpoint at path (a directory, or a tar archive of one, gzip
 // or not) needs of a destination: from its berth.json (image, memory pages, fingerprint, size)
 // and spec.dump.
