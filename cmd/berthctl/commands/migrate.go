@@ -71,7 +71,8 @@ the in-process receiver wrote unless --keep-failed.
 
 The source holds a pause lease (--pause-lease, default 30s) from before it is paused until the
 move is decided, renewed while migrate runs: if migrate dies (SIGKILL included), berth's shim
-resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a paused source,
+resumes the source by itself when the lease ends, and removes the checkpoint it wrote into
+--work-dir (the source's memory). 'ctr -n NS tasks ls' shows a paused source,
 'ctr -n NS tasks resume ID' resumes it at once.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
