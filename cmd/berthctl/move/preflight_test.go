@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -156,5 +157,40 @@ func TestPreflightGPUMemory(t *testing.T) {
 	// a remote destination's GPUs are not this host's: not checked here
 	if err := Preflight(t.Context(), Destination{GPUs: gpuInventory{}}, Need{GPU: st(1)}); err != nil {
 		t.Errorf("remote: %v", err)
+	}
+}
+
+// heldInventory is a source node's GPUs whose processes hold device memory (host PID -> UUID ->
+// bytes), or cannot tell (unsupported).
+type heldInventory struct {
+	gpuInventory
+	held        map[int]map[string]uint64
+	unsupported bool
+}
+
+func (h heldInventory) ProcessMemory(pid int) (map[string]uint64, error) {
+	if h.unsupported {
+		return nil, gpu.ErrUnsupported
+	}
+	return h.held[pid], nil
+}
+
+// TestGPUNeedOfSource: the device memory a source's processes hold, summed per GPU in the
+// inventory's order, with the GPU's model; nothing when they hold none or the inventory cannot
+// tell.
+func TestGPUNeedOfSource(t *testing.T) {
+	devs := gpuInventory{{Index: 0, UUID: "GPU-a", Name: "H200", MemoryTotal: 100}, {Index: 1, UUID: "GPU-b", Name: "H200", MemoryTotal: 100}}
+	inv := heldInventory{gpuInventory: devs, held: map[int]map[string]uint64{7: {"GPU-b": 10}, 8: {"GPU-b": 5, "GPU-a": 1}}}
+	st, err := GPUNeedOfSource(inv, []int{7, 8, 9})
+	want := []checkpoint.GPUDevice{{UUID: "GPU-a", Name: "H200", MemoryTotal: 100, MemoryUsed: 1}, {UUID: "GPU-b", Name: "H200", MemoryTotal: 100, MemoryUsed: 15}}
+	if err != nil || st == nil || !reflect.DeepEqual(st.Devices, want) {
+		t.Errorf("GPUNeedOfSource = %+v, %v", st, err)
+	}
+	if st, err := GPUNeedOfSource(inv, []int{9}); st != nil || err != nil {
+		t.Errorf("no device memory held: %+v, %v", st, err)
+	}
+	inv.unsupported = true
+	if st, err := GPUNeedOfSource(inv, []int{7}); st != nil || err != nil {
+		t.Errorf("per-process memory unsupported: %+v, %v", st, err)
 	}
 }
