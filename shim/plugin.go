@@ -19,6 +19,7 @@ import (
 	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/signature"
+	"github.com/berth-dev/berth/shim/helper"
 )
 
 // Register registers berth's task service as the shim's TTRPC "task" plugin, built on runc's
@@ -83,6 +84,7 @@ func RealDeps(cfg Config) (Deps, error) {
 		DumpStats:     criu.ReadDumpStats,
 		ReadProcesses: criu.ReadProcesses,
 		GPU:           b,
+		Registry:      helper.Client{Run: reaperOutput},
 		Trust:         policy,
 		Now:           time.Now,
 	}, nil

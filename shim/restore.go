@@ -20,7 +20,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
 	"github.com/berth-dev/berth/oci/signature"
 )
 
@@ -54,7 +54,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	if err := checkReference(ref); err != nil {
 		return nil, err
 	}
-	src, err := registry.ParseRestoreFrom(ref)
+	src, err := reference.ParseRestoreFrom(ref)
 	if err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err)
 	}

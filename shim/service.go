@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/signature"
+	"github.com/berth-dev/berth/shim/helper"
 )
 
 // criuConfigName is the file the shim writes into each bundle and points org.criu.config at.
@@ -49,6 +50,21 @@ type Deps struct {
 	// ReadProcesses reads every thread's credentials from a CRIU image directory
 	// (criu.ReadProcesses); a restore compares them with the destination spec.
 	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
+	// Registry resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
+	// restores. RealDeps runs berth-shim-helper for each call (helper.Client), so that the
+	// registry client is not part of every container's shim process. nil: such restores fail.
+	Registry Registry
+}
+
+// Registry resolves and pulls checkpoints from registries (helper.Client; in-process
+// registry.Resolve and registry.Pull in tests). Resolve returns the digest ("sha256:<hex>") of
+// the OCI manifest ref ("host[:port]/repository:tag") names; Pull pulls the checkpoint ref names
+// into the new directory dir, every digest verified, nothing left at dir on failure. Errors
+// match (errors.Is) package registry's, archive's and checkpoint's sentinels and the registry's
+// errdef.ErrNotFound.
+type Registry interface {
+	Resolve(ctx context.Context, ref string, o helper.RegistryOptions) (string, error)
+	Pull(ctx context.Context, ref, dir string, o helper.RegistryOptions) error
 }
 
 // Service is the berth task service: runc's task service with berth's checkpoint and restore.
