@@ -654,3 +654,46 @@ func TestReadProcessesSeccompTSync(t *testing.T) {
 		})
 	}
 }
+
+// TestCredsTail decodes the two creds fields go-criu v7 does not know the way the protobuf
+// runtime does: cap_amb one per field or packed, the last no_new_privs winning, and refuses
+// anything else, including data cut short.
+func TestCredsTail(t *testing.T) {
+	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte {
+		return protowire.AppendTag(b, num, typ)
+	}
+	var unpacked, packed, twice, cut []byte
+	unpacked = protowire.AppendVarint(tag(unpacked, 18, protowire.VarintType), 1)
+	unpacked = protowire.AppendVarint(tag(unpacked, 19, protowire.VarintType), 12)
+	unpacked = protowire.AppendVarint(tag(unpacked, 19, protowire.VarintType), 21)
+	packed = protowire.AppendBytes(tag(packed, 19, protowire.BytesType), protowire.AppendVarint(protowire.AppendVarint(nil, 12), 21))
+	twice = protowire.AppendVarint(tag(twice, 18, protowire.VarintType), 1)
+	twice = protowire.AppendVarint(tag(twice, 18, protowire.VarintType), 0)
+	cut = tag(cut, 19, protowire.BytesType)
+	cut = append(cut, 5, 1)
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		nnp  bool
+		amb  []uint32
+		err  string
+	}{
+		{name: "none"},
+		{name: "unpacked", in: unpacked, nnp: true, amb: []uint32{12, 21}},
+		{name: "packed", in: packed, amb: []uint32{12, 21}},
+		{name: "last no_new_privs wins", in: twice},
+		{name: "cut short", in: cut, err: "unexpected EOF"},
+		{name: "cap_amb as a fixed32", in: protowire.AppendFixed32(tag(nil, 19, protowire.Fixed32Type), 1), err: "creds field 19 (wire type 5) not understood"},
+	} {
+		nnp, amb, err := credsTail(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v; want an error containing %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || nnp != tc.nnp || !slices.Equal(amb, tc.amb) {
+			t.Errorf("%s: nnp %v amb %v err %v; want %v %v", tc.name, nnp, amb, err, tc.nnp, tc.amb)
+		}
+	}
+}
