@@ -18,7 +18,6 @@ import (
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -48,7 +47,9 @@ type Deps struct {
 	// policy without keys: checkpoints are written unsigned and every restore is refused.
 	Trust *signature.Policy
 	// ReadProcesses reads every thread's credentials from a CRIU image directory
-	// (criu.ReadProcesses); a restore compares them with the destination spec.
+	// (images.ReadProcesses, which RealDeps runs in berth-shim-helper so that go-criu's image
+	// bindings are not part of every container's shim; nil: the helper, run without the
+	// reaper); a restore compares them with the destination spec.
 	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
 	// Registry resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
 	// restores. RealDeps runs berth-shim-helper for each call (helper.Client), so that the
@@ -140,7 +141,9 @@ func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service 
 		deps.Trust = &signature.Policy{}
 	}
 	if deps.ReadProcesses == nil {
-		deps.ReadProcesses = criu.ReadProcesses
+		deps.ReadProcesses = func(dir string) ([]privilege.Process, error) {
+			return helper.Client{}.ReadProcesses(context.Background(), dir)
+		}
 	}
 	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps,
 		tasks: map[string]*restoredTask{}, rootfs: map[string][]mount.Mount{}}

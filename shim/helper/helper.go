@@ -1,10 +1,13 @@
 // Package helper is the protocol between the shim and berth-shim-helper, the binary the shim runs
 // for work whose code it does not keep loaded: resolving a tag and pulling a checkpoint from a
-// registry (oras-go, net/http's client and TLS) for a berth.dev/restore-from=oci://... restore.
-// Every container has its own long-running shim process, and a Go process's resident memory
-// grows with its binary (the kernel maps the binary's text and read-only data into it in large
-// folios), so a registry client linked into the shim would cost every container about 2 MiB to
-// serve the few restores that pull.
+// registry (oras-go, net/http's client and TLS) for a berth.dev/restore-from=oci://... restore,
+// and reading the credentials of a checkpoint's processes from its CRIU images at restore
+// (go-criu's image bindings, which register every CRIU image type at init). Every container has
+// its own long-running shim process, and a Go process's resident memory grows with its binary
+// (the kernel maps nearly all of the binary's text and read-only data into it), so code linked
+// into the shim costs every container its size: about 1.9 MB for the registry client and 0.4 MB
+// for the image bindings, to serve the few restores that need them. A request costs a process
+// start, about 10 ms.
 //
 // One call is one run of the helper: the shim writes a Request as one JSON object to its
 // standard input; the helper answers with one Answer on its standard output and exits 0 (also
@@ -37,14 +40,15 @@ import (
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry/reference"
 )
 
 // Name is the helper's file name. Find looks for it beside the shim's executable, then in PATH.
 const Name = "berth-shim-helper"
 
-// Command is the helper's one command-line argument for the registry requests.
-const Command = "registry"
+// Command is the helper's one command-line argument.
+const Command = "serve"
 
 // Ops of a Request.
 const (
@@ -53,6 +57,9 @@ const (
 	// OpPull pulls the checkpoint Request.Ref names into the new directory Request.Dir
 	// (registry.Pull: every digest verified, nothing left at Dir on failure).
 	OpPull = "pull"
+	// OpReadProcesses asks for the credentials of every thread in the CRIU images directory
+	// Request.Dir (images.ReadProcesses).
+	OpReadProcesses = "read-processes"
 )
 
 // RegistryOptions say how to reach a registry: PlainHTTP talks HTTP instead of HTTPS,
@@ -64,9 +71,10 @@ type RegistryOptions struct {
 	Limits       archive.Limits `json:"limits"`
 }
 
-// Request is what the shim writes to the helper's standard input: Op (OpResolve or OpPull), the
-// reference ("host[:port]/repository:tag" or "...@sha256:<hex>"), for OpPull the directory to
-// create, and the registry options.
+// Request is what the shim writes to the helper's standard input: Op (OpResolve, OpPull or
+// OpReadProcesses), the reference ("host[:port]/repository:tag" or "...@sha256:<hex>") and the
+// registry options for the registry ops, and Dir: the directory to create for OpPull, the CRIU
+// images directory for OpReadProcesses.
 type Request struct {
 	Op       string          `json:"op"`
 	Ref      string          `json:"ref"`
@@ -74,11 +82,12 @@ type Request struct {
 	Registry RegistryOptions `json:"registry"`
 }
 
-// Answer is what the helper writes to its standard output: the digest for OpResolve, or the
-// error the request met.
+// Answer is what the helper writes to its standard output: the digest for OpResolve, the
+// processes for OpReadProcesses, or the error the request met.
 type Answer struct {
-	Digest string `json:"digest,omitempty"`
-	Error  *Error `json:"error,omitempty"`
+	Digest    string              `json:"digest,omitempty"`
+	Processes []privilege.Process `json:"processes,omitempty"`
+	Error     *Error              `json:"error,omitempty"`
 }
 
 // Error is an error as it crosses the boundary: its message, and the names (from the kinds
@@ -220,6 +229,17 @@ func (c Client) Pull(ctx context.Context, ref, dir string, o RegistryOptions) er
 	return err
 }
 
+// ReadProcesses returns the credentials of every thread in the CRIU images directory dir
+// (images.ReadProcesses in the helper), in pstree order. Errors: images.ReadProcesses's, decoded
+// (a missing file matches fs.ErrNotExist), or why the helper gave no answer.
+func (c Client) ReadProcesses(ctx context.Context, dir string) ([]privilege.Process, error) {
+	a, err := c.call(ctx, Request{Op: OpReadProcesses, Dir: dir})
+	if err != nil {
+		return nil, err
+	}
+	return a.Processes, nil
+}
+
 // maxStderr bounds the helper's standard error kept for an error message, in bytes.
 const maxStderr = 4 << 10
 
@@ -270,10 +290,12 @@ func (c Client) call(ctx context.Context, req Request) (*Answer, error) {
 }
 
 // Handlers do the work of Serve: Resolve returns the digest of the OCI manifest a reference
-// names, Pull pulls a checkpoint into a new directory (registry.Resolve and registry.Pull).
+// names, Pull pulls a checkpoint into a new directory (registry.Resolve and registry.Pull),
+// ReadProcesses reads the credentials in a CRIU images directory (images.ReadProcesses).
 type Handlers struct {
-	Resolve func(ctx context.Context, ref string, o RegistryOptions) (string, error)
-	Pull    func(ctx context.Context, ref, dir string, o RegistryOptions) error
+	Resolve       func(ctx context.Context, ref string, o RegistryOptions) (string, error)
+	Pull          func(ctx context.Context, ref, dir string, o RegistryOptions) error
+	ReadProcesses func(ctx context.Context, dir string) ([]privilege.Process, error)
 }
 
 // Serve reads one Request from in, runs it with h, and writes its Answer to out. It returns the
@@ -296,8 +318,14 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, h Handlers) int {
 		} else {
 			err = h.Pull(ctx, req.Ref, req.Dir, req.Registry)
 		}
+	case OpReadProcesses:
+		if req.Dir == "" {
+			err = fmt.Errorf("read processes: no images directory: %w", errdefs.ErrInvalidArgument)
+		} else {
+			a.Processes, err = h.ReadProcesses(ctx, req.Dir)
+		}
 	default:
-		err = fmt.Errorf("unknown op %q (want %s or %s): %w", req.Op, OpResolve, OpPull, errdefs.ErrInvalidArgument)
+		err = fmt.Errorf("unknown op %q (want %s, %s or %s): %w", req.Op, OpResolve, OpPull, OpReadProcesses, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		a = Answer{Error: EncodeError(err)}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry/reference"
 )
 
@@ -64,6 +65,12 @@ var testHandlers = Handlers{
 			return fmt.Errorf("pull %s: file of %d bytes: %w (limit %d)", ref, 2*o.Limits.MaxFileBytes, archive.ErrFileTooLarge, o.Limits.MaxFileBytes)
 		}
 		return os.Mkdir(dir, 0o700)
+	},
+	ReadProcesses: func(ctx context.Context, dir string) ([]privilege.Process, error) {
+		if _, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("read processes: %w", err)
+		}
+		return []privilege.Process{{PID: 1, TID: 1, Comm: "app", UID: 1000, CapEff: 1 << 10, NoNewPrivs: true}, {PID: 1, TID: 2, Comm: "app"}}, nil
 	},
 }
 
@@ -121,6 +128,7 @@ func TestServeRefusesBadRequests(t *testing.T) {
 	for in, want := range map[string]string{
 		`{"op":"push","ref":"x"}`: "unknown op",
 		`{"op":"pull","ref":"x"}`: "no directory",
+		`{"op":"read-processes"}`: "no images directory",
 	} {
 		var buf bytes.Buffer
 		if rc := Serve(context.Background(), strings.NewReader(in), &buf, testHandlers); rc != 0 {
@@ -158,6 +166,13 @@ func TestClientRunsHelper(t *testing.T) {
 	err := c.Pull(ctx, "big/ck:v1", dir+"2", RegistryOptions{Limits: archive.Limits{MaxFileBytes: 1234}})
 	if !errors.Is(err, archive.ErrFileTooLarge) || !strings.Contains(err.Error(), "limit 1234") {
 		t.Fatalf("limits: %v; want the helper's ErrFileTooLarge naming the limit the client sent", err)
+	}
+	procs, err := c.ReadProcesses(ctx, dir)
+	if err != nil || len(procs) != 2 || procs[0].UID != 1000 || procs[0].CapEff != 1<<10 || !procs[0].NoNewPrivs || procs[1].TID != 2 {
+		t.Fatalf("read processes: %+v %v", procs, err)
+	}
+	if _, err := c.ReadProcesses(ctx, filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("read processes of a missing directory: %v; want fs.ErrNotExist naming it", err)
 	}
 	err = c.Pull(ctx, "crash/ck:v1", dir+"3", RegistryOptions{})
 	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "helper crashed on purpose") {

@@ -1,4 +1,4 @@
-package criu
+package images
 
 import (
 	"bufio"
@@ -22,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/berth-dev/berth/criu/internal/criutest"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
@@ -464,13 +465,13 @@ func procStatus(t *testing.T, pid, tid int) privilege.Process {
 // ReadProcesses returns, thread by thread, the credentials /proc showed before the dump.
 // With -update-images it stores the dumps' pstree and core images as fixtures.
 func TestReadProcessesLive(t *testing.T) {
-	criu := criuPath(t)
+	criu := criutest.Path(t)
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "criu dump needs root")
+		criutest.SkipOrFail(t, "criu dump needs root")
 	}
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		skipOrFail(t, "setpriv (util-linux) not found")
+		criutest.SkipOrFail(t, "setpriv (util-linux) not found")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -546,7 +547,7 @@ func TestReadProcessesLive(t *testing.T) {
 			dump := exec.CommandContext(ctx, criu, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--shell-job", "-o", "dump.log")
 			if out, err := dump.CombinedOutput(); err != nil {
 				log, _ := os.ReadFile(filepath.Join(dir, "dump.log"))
-				t.Fatalf("criu dump: %v\n%s\ndump.log tail:\n%s", err, out, tail(log, 2000))
+				t.Fatalf("criu dump: %v\n%s\ndump.log tail:\n%s", err, out, criutest.Tail(log, 2000))
 			}
 			got, err := ReadProcesses(dir)
 			if err != nil {

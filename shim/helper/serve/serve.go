@@ -1,19 +1,24 @@
-// Package pull is berth-shim-helper's registry work: Handlers serve the shim's resolve and pull
-// requests (package shim/helper) with package oci/registry. It is apart from package helper so
-// that the shim links the protocol but not the registry client; cmd/berth-shim-helper and the
-// shim's tests (which serve the helper's requests in their own process) use it.
-package pull
+// Package serve is berth-shim-helper's work: Handlers serve the shim's requests (package
+// shim/helper) with package oci/registry (resolve, pull) and package criu/images (the
+// credentials in a CRIU images directory). It is apart from package helper so that the shim
+// links the protocol but neither the registry client nor go-criu's image bindings;
+// cmd/berth-shim-helper and the shim's tests (which serve the helper's requests in their own
+// process) use it.
+package serve
 
 import (
 	"context"
 
+	"github.com/berth-dev/berth/criu/images"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry"
 	"github.com/berth-dev/berth/shim/helper"
 )
 
 // Handlers returns the helper's handlers: Resolve is registry.Resolve (the manifest's digest,
 // "sha256:<hex>"), Pull is registry.Pull, both with the request's registry options (plain HTTP,
-// Docker config, limits). Their errors are registry's.
+// Docker config, limits); ReadProcesses is images.ReadProcesses. Their errors are those
+// packages'.
 func Handlers() helper.Handlers {
 	return helper.Handlers{
 		Resolve: func(ctx context.Context, ref string, o helper.RegistryOptions) (string, error) {
@@ -25,6 +30,9 @@ func Handlers() helper.Handlers {
 		},
 		Pull: func(ctx context.Context, ref, dir string, o helper.RegistryOptions) error {
 			return registry.Pull(ctx, ref, dir, options(o))
+		},
+		ReadProcesses: func(_ context.Context, dir string) ([]privilege.Process, error) {
+			return images.ReadProcesses(dir)
 		},
 	}
 }
