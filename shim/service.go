@@ -57,8 +57,8 @@ type Deps struct {
 	Registry Registry
 }
 
-// Registry resolves and pulls checkpoints from registries (helper.Client; in-process
-// registry.Resolve and registry.Pull in tests). Resolve returns the digest ("sha256:<hex>") of
+// Registry resolves and pulls checkpoints from registries (helper.Client, which runs
+// berth-shim-helper; the tests serve its requests in their own process). Resolve returns the digest ("sha256:<hex>") of
 // the OCI manifest ref ("host[:port]/repository:tag") names; Pull pulls the checkpoint ref names
 // into the new directory dir, every digest verified, nothing left at dir on failure. Errors
 // match (errors.Is) package registry's, archive's and checkpoint's sentinels and the registry's

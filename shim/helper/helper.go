@@ -18,8 +18,8 @@
 // then removes what it staged, as an in-process pull would.
 //
 // What belongs here: the requests, answers and error kinds, the client (Client) and the serving
-// loop (Serve). What does not: the registry protocol (package oci/registry, wired into the helper
-// by cmd/berth-shim-helper) and what the shim does with a pulled checkpoint (package shim).
+// loop (Serve). What does not: the work itself (package shim/helper/serve wires oci/registry and
+// criu/images into the helper) and what the shim does with the answers (package shim).
 package helper
 
 import (
