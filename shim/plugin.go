@@ -62,14 +62,15 @@ func Register(configPath string) {
 // containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the
 // credentials of checkpointed processes from their CRIU images and pulls from registries (both
 // by berth-shim-helper, run through the reaper: package shim/helper), the GPU backend that cfg.GPU
-// names (gpu/backend), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
+// names (backend.OpenLazy: CUDA and NVML are loaded by the first call that needs the GPUs, so a
+// container that never checkpoints or restores one does not carry them), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
 // names the key file), and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
 	policy, err := signature.LoadPolicy(cfg.TrustConfig)
 	if err != nil {
 		return Deps{}, fmt.Errorf("shim config %s: %w", cfg.Path, err)
 	}
-	b, err := backend.Open(cfg.GPU, cfg.FakeGPURoot)
+	b, err := backend.OpenLazy(cfg.GPU, cfg.FakeGPURoot)
 	if err != nil {
 		return Deps{}, err
 	}
