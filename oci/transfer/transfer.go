@@ -22,6 +22,13 @@
 //     {"ok":false,"error":"<why>"}. A receiver that refuses early (bad header, existing name)
 //     answers at once and stops reading; the sender watches for that while it streams.
 //
+// A connection may instead ask a question: a header with "preflight" (and a name, no stream) asks
+// the receiver whether its node can restore a container; the verdict line carries the answer,
+// {"ok":true,"preflight":{...}} (QueryPreflight, Receiver.Preflight). The question rides in
+// version 2 without changing it: a version 2 receiver that predates it ignores the field, finds
+// no manifest in the header and answers {"ok":false,...}, which the sender reads as "no answer"
+// (ErrNoPreflight) and goes on without the receiver's checks.
+//
 // In version 1 the sender spoke first and the receiver never greeted. The version changed with
 // the wire: a version 2 receiver refuses a version 1 header by its magic, and a version 2 sender
 // refuses a receiver that sends no greeting, or another version's.
@@ -43,6 +50,7 @@
 package transfer
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -88,6 +96,9 @@ type header struct {
 	// top-level berth.json), or LayoutCRI for a CRI checkpoint archive sent as it is (Manifest
 	// is its checkpoint/berth.json).
 	Layout string `json:"layout,omitempty"`
+	// Preflight marks a connection that asks the receiver's node whether it can restore a
+	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.
+	Preflight json.RawMessage `json:"preflight,omitempty"`
 }
 
 // verdict is the receiver's answer line.
@@ -95,6 +106,8 @@ type verdict struct {
 	OK    bool   `json:"ok"`
 	Path  string `json:"path,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Preflight is the answer to a preflight query (opaque JSON); absent otherwise.
+	Preflight json.RawMessage `json:"preflight,omitempty"`
 }
 
 // ValidName checks a checkpoint name: 1 to MaxNameLen bytes of [A-Za-z0-9._-], not starting with
