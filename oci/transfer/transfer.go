@@ -81,6 +81,9 @@ type header struct {
 	// Pages marks a connection that carries the page stream of checkpoint Name (copy mode,
 	// pages.go) instead of the checkpoint.
 	Pages bool `json:"pages,omitempty"`
+	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
+	// restore.
+	Lazy bool `json:"lazy,omitempty"`
 }
 
 // verdict is the receiver's answer line.
