@@ -86,6 +86,12 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}()
 	} else {
 		if known, err = s.dump(ctx, r, opts.WorkPath, g, ph); err != nil {
+			if st.Status == task.Status_PAUSED {
+				// a CRIU that died mid-dump leaves the cgroup it thawed thawed (lazy.go: refreeze)
+				if ferr := refreeze(int(st.Pid)); ferr != nil {
+					log.G(ctx).WithError(ferr).Error("failed dump: freezing the paused task's cgroup again failed")
+				}
+			}
 			return err
 		}
 	}

@@ -296,3 +296,42 @@ func TestLazyModeFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestMigrateGPUInferenceLazyMode is TestMigrateGPUInference in lazy mode: the fake GPU's device
+// memory, checkpointed into host memory before CRIU, is restored on node2's GPU from pages that
+// arrive lazily (the GPU restore touches them first). The source's GPUs are not given back
+// after the dump (only a failed move needs that), so no source-side gpu-restore phase appears.
+func TestMigrateGPUInferenceLazyMode(t *testing.T) {
+	c := needCluster(t)
+	lazyPipes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	t.Cleanup(func() {
+		_ = src.Remove(context.Background(), "gpu-lazy")
+		_ = dst.Remove(context.Background(), "gpu-lazy-moved")
+	})
+	rep, err := scenario.MoveInference(ctx, c, src, dst, scenario.InferenceOptions{
+		ID: "gpu-lazy", WeightsMiB: 32, Sessions: 2, Tokens: 100, MoveAfter: 25, DelayMs: 15, Out: os.Stderr, GPU: true,
+		MigrateArgs: []string{"--lazy"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.MatchingSessions != len(rep.Streams) {
+		t.Errorf("%d of %d sessions continued exactly", rep.MatchingSessions, len(rep.Streams))
+	}
+	if rep.PrefillsAfter != rep.PrefillsBefore || rep.WeightsChecksumAfter != rep.WeightsChecksumBefore {
+		t.Errorf("prefills %d -> %d, weights %s -> %s", rep.PrefillsBefore, rep.PrefillsAfter, rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
+	}
+	if rep.GPUsBefore != "GPU-node1-0" || rep.GPUsAfter != "GPU-node2-0" {
+		t.Errorf("workload GPUs %q before, %q after; want GPU-node1-0 -> GPU-node2-0", rep.GPUsBefore, rep.GPUsAfter)
+	}
+	if !strings.Contains(rep.MigrateOutput, "checkpoint/shim/gpu-checkpoint") {
+		t.Errorf("no GPU checkpoint phase:\n%s", rep.MigrateOutput)
+	}
+	if strings.Contains(rep.MigrateOutput, "checkpoint/shim/gpu-restore") {
+		t.Errorf("the source's GPUs were restored although the move succeeded:\n%s", rep.MigrateOutput)
+	}
+	t.Logf("migrate (lazy mode):\n%s", rep.MigrateOutput)
+}
