@@ -30,7 +30,7 @@ func lazyPipes(t *testing.T) {
 
 // setPipeMaxSize sets fs.pipe-max-size to v (only when it is lower, unless exact) and restores
 // the old value when the test ends.
-func setPipeMaxSize(t *testing.T, v int, exact bool) {
+func setPipeMaxSize(t testing.TB, v int, exact bool) {
 	t.Helper()
 	b, err := os.ReadFile(criu.PipeMaxSizeFile)
 	if err != nil {
