@@ -34,6 +34,12 @@
 // plain TCP except on loopback. Before greeting, a receiver may instead answer one line,
 // "<magic> busy" (all slots in use: ErrBusy) or "<magic> refused: <why>" (ErrRefused).
 //
+// A connection whose header says "pages" carries a checkpoint's memory instead, beside its
+// checkpoint's own connection: in copy mode CRIU's page stream to a `criu page-server` the
+// receiver runs (pages.go), in lazy (post-copy) mode, with "lazy" too, the pages a
+// `criu lazy-pages` daemon the receiver runs asks the source's CRIU for after the restore
+// (lazy.go).
+//
 // What belongs here: the wire protocol and the receiving side's file handling. What does not:
 // the tar format (oci/archive), manifests and digests (oci/checkpoint), progress display (the CLI: Send only
 // calls a callback), choosing peers or restoring.

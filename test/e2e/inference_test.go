@@ -19,7 +19,6 @@ func TestMigrateInferenceMidStream(t *testing.T) {
 	src, dst := c.Nodes[0], c.Nodes[1]
 	rep, err := scenario.MoveInference(ctx, c, src, dst, scenario.InferenceOptions{
 		ID: "infer-e2e", WeightsMiB: 64, Sessions: 3, Tokens: 120, MoveAfter: 30, DelayMs: 15, Out: os.Stderr,
-		MigrateArgs: []string{"--mode", "stored"}, // copy, the default, has its own tests (stream_test.go)
 	})
 	t.Cleanup(func() {
 		_ = src.Remove(context.Background(), "infer-e2e")

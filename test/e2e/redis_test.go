@@ -25,8 +25,7 @@ func redisCLI(ctx context.Context, pid uint32, args ...string) (string, error) {
 
 // TestMigrateRedis moves a Redis server (Debian's redis-server, a program nobody here wrote)
 // holding 256 MiB of values between nodes and checks every key: the key count and Redis's own
-// digest of the whole dataset (DEBUG DIGEST) are the same after the move. It runs migrate's
-// default mode, copy.
+// digest of the whole dataset (DEBUG DIGEST) are the same after the move.
 func TestMigrateRedis(t *testing.T) { migrateRedis(t, "redis-e2e") }
 
 // migrateRedis is TestMigrateRedis for the container id, with extra berthctl migrate arguments.

@@ -70,9 +70,8 @@ func TestMigrateInferenceCopyMode(t *testing.T) {
 	t.Logf("migrate (copy mode) took %v:\n%s", rep.MigrateWall, rep.MigrateOutput)
 }
 
-// TestMigrateRedisStoredMode is TestMigrateRedis in stored mode (TestMigrateRedis runs copy
-// mode, the default): every key, by Redis's own digest.
-func TestMigrateRedisStoredMode(t *testing.T) { migrateRedis(t, "redis-stored", "--mode", "stored") }
+// TestMigrateRedisCopyMode is TestMigrateRedis in copy mode: every key, by Redis's own digest.
+func TestMigrateRedisCopyMode(t *testing.T) { migrateRedis(t, "redis-copy", "--mode", "copy") }
 
 // copyFaultWorkload starts the workload holding mib MiB on n, so that its page stream lasts long
 // enough to be cut or lose its destination mid-way.
