@@ -23,7 +23,7 @@ deps:
 deps-k8s:
 	bash test/stack/k8s.sh
 
-## build: containerd-shim-berth-v2, berthctl, berth-nri into _output/bin, and kubectl-berth
+## build: containerd-shim-berth-v2, berth-shim-helper, berthctl, berth-nri into _output/bin, and kubectl-berth
 ## (berthctl as a kubectl plugin: `kubectl berth move`)
 build:
 	$(GO) build -o $(OUT)/bin/ ./cmd/...

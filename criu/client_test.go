@@ -10,30 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/criu/internal/criutest"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
-// criuPath returns the real criu binary (BERTH_CRIU, else "criu" in PATH) or skips the test.
-func criuPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("BERTH_CRIU"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("BERTH_CRIU=%s: %v", p, err)
-		}
-		return p
-	}
-	p, err := exec.LookPath("criu")
-	if err != nil {
-		// the stack `make deps` built, linked at <repo>/_output/stack
-		if stack, serr := filepath.Abs("../_output/stack/bin/criu"); serr == nil {
-			if _, serr := os.Stat(stack); serr == nil {
-				return stack
-			}
-		}
-		skipOrFail(t, "criu not found (set BERTH_CRIU, put criu in PATH, or run `make deps`)")
-	}
-	return p
-}
+// criuPath returns the real criu binary or skips the test (criutest.Path).
+func criuPath(t *testing.T) string { return criutest.Path(t) }
 
 // fakeCriu writes a shell script named criu and returns its path.
 func fakeCriu(t *testing.T, body string) string {
@@ -255,12 +237,5 @@ func TestVersionStringAsFingerprintProbe(t *testing.T) {
 	}
 }
 
-// skipOrFail skips a test whose prerequisite (root, CRIU) is missing, except under CI=true,
-// where every tier this machine can run must run: there it fails.
-func skipOrFail(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatal("CI is set but " + why)
-	}
-	t.Skip(why)
-}
+// skipOrFail is criutest.SkipOrFail.
+func skipOrFail(t *testing.T, why string) { criutest.SkipOrFail(t, why) }

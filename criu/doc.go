@@ -1,8 +1,7 @@
 // Package criu is berth's access to CRIU through go-criu/v7: finding the criu binary, checking
 // its version (berth needs CRIU >= MinVersion) and the kernel-dependent features CRIU reports,
-// and reading what CRIU leaves in an images directory (the stats-dump and stats-restore
-// statistics files; every thread's credentials, from pstree.img and core-<tid>.img, as
-// privilege.Process values for the restore check in oci/privilege).
+// and reading CRIU's statistics files in an images directory (stats-dump, stats-restore). Every
+// thread's credentials, from pstree.img and core-<tid>.img, are read by package criu/images.
 //
 // What belongs here: anything that asks the criu binary something over its RPC (criu swrk) or
 // reads CRIU's image files. What does not: containerd, runc, the shim, or the berth manifest
@@ -16,6 +15,5 @@
 //
 // Errors: ErrNotFound when the binary is missing, ErrTooOld when it is older than MinVersion,
 // ErrFeatureMissing when a required feature is unavailable, ErrBadStats for an unreadable
-// statistics file, ErrBadImage for a malformed (or oversized) image file; all wrapped with the
-// path and values involved, and matched with errors.Is.
+// statistics file; all wrapped with the path and values involved, and matched with errors.Is.
 package criu

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/criu/internal/criutest"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"google.golang.org/protobuf/proto"
@@ -183,9 +184,5 @@ func TestReadStatsReal(t *testing.T) {
 	}
 }
 
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
+// tail is criutest.Tail.
+func tail(b []byte, n int) string { return criutest.Tail(b, n) }

@@ -53,6 +53,7 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return err
 	}
 	cleanups = append(cleanups, done)
+	s.leaseWorkDir(r.ID, leasedCheckpointDir(r.Path, opts.WorkPath, st.Bundle))
 	undo, lazy, err := s.usePageServer(ctx, r.ID, opts.WorkPath, st.Bundle, spec)
 	if err != nil {
 		return err
@@ -180,6 +181,29 @@ func (s *Service) checkpointable(ctx context.Context, r *taskAPI.CheckpointTaskR
 	return st, nil
 }
 
+// leasedCheckpointDir is what an expired pause lease removes of a checkpoint written into
+// imagePath (the CRIU images: the task's memory) with CRIU work directory workPath: workPath
+// when the caller named it and the images lie inside it (berthctl's layout: DIR/checkpoint with
+// DIR as work path, DIR holding the rest of the checkpoint), else the images directory alone.
+// It is "" (nothing) when imagePath is not an absolute path below "/".
+func leasedCheckpointDir(imagePath, workPath, bundle string) string {
+	if !filepath.IsAbs(imagePath) || filepath.Clean(imagePath) == "/" {
+		return ""
+	}
+	imagePath = filepath.Clean(imagePath)
+	if filepath.IsAbs(workPath) {
+		workPath = filepath.Clean(workPath)
+		if workPath != filepath.Join(bundle, shimCRIUWorkDir) && workPath != "/" && strings.HasPrefix(imagePath, workPath+"/") {
+			return workPath
+		}
+	}
+	return imagePath
+}
+
+// shimCRIUWorkDir is the CRIU work directory, in the bundle, of a checkpoint whose caller names
+// none (criuWorkDir).
+const shimCRIUWorkDir = "berth-criu-work"
+
 // criuWorkDir returns r's runc checkpoint options with a CRIU work directory: the caller's, or
 // berth-criu-work beside the bundle, created now and written back into r.Options. done removes a
 // directory the shim created.
@@ -194,7 +218,7 @@ func (s *Service) criuWorkDir(r *taskAPI.CheckpointTaskRequest, bundle string) (
 	if opts.WorkPath != "" {
 		return opts, done, nil
 	}
-	workDir := filepath.Join(bundle, "berth-criu-work")
+	workDir := filepath.Join(bundle, shimCRIUWorkDir)
 	if err := os.MkdirAll(workDir, 0o700); err != nil {
 		return nil, done, fmt.Errorf("checkpoint %s: %w", r.ID, err)
 	}

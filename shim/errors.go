@@ -16,7 +16,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
 	"github.com/berth-dev/berth/oci/signature"
 )
 
@@ -123,11 +123,11 @@ func errorClasses() []struct {
 		class error
 	}{
 		// who may restore what: namespaces, registries, signatures, privileges
-		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, registry.ErrUnauthorized,
+		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, reference.ErrUnauthorized,
 			signature.ErrUnsigned, signature.ErrUntrustedKey, signature.ErrBadSignature,
 			privilege.ErrExceedsSpec, ErrUncoveredRootfsDiff), errdefs.ErrPermissionDenied},
 		// what the caller asked for is malformed or points outside what is allowed
-		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, registry.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
+		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, reference.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
 			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown,
 			ErrRootfsDiffTooLarge, ErrBadReference, ErrCRIUOptions), errdefs.ErrInvalidArgument},
@@ -138,7 +138,7 @@ func errorClasses() []struct {
 		// the checkpoint is damaged, is not berth's, or does not fit this node
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,
-			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, registry.ErrNotCheckpoint, registry.ErrLayerMismatch,
+			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, reference.ErrNotCheckpoint, reference.ErrLayerMismatch,
 			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey), errdefs.ErrFailedPrecondition},
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver

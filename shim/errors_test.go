@@ -24,7 +24,7 @@ import (
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
-	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
 )
 
 func TestErrorClass(t *testing.T) {
@@ -45,10 +45,10 @@ func TestErrorClass(t *testing.T) {
 		{"digest mismatch", wrap(fmt.Errorf("pages-1.img: %w", checkpoint.ErrDigestMismatch)), errdefs.ErrFailedPrecondition},
 		{"missing file, not os.ErrNotExist", wrap(fmt.Errorf("pages-1.img: %w", checkpoint.ErrMissingFile)), errdefs.ErrFailedPrecondition},
 		{"fingerprint", wrap(&fingerprint.MismatchError{Field: "kernel"}), errdefs.ErrFailedPrecondition},
-		{"not a checkpoint artifact", wrap(registry.ErrNotCheckpoint), errdefs.ErrFailedPrecondition},
+		{"not a checkpoint artifact", wrap(reference.ErrNotCheckpoint), errdefs.ErrFailedPrecondition},
 		{"namespace", wrap(mark(errors.New("taken in namespace a"), ErrNamespaceRefused)), errdefs.ErrPermissionDenied},
 		{"registry not allowed", wrap(mark(errors.New("registry r"), ErrRegistryNotAllowed)), errdefs.ErrPermissionDenied},
-		{"registry credentials", wrap(registry.ErrUnauthorized), errdefs.ErrPermissionDenied},
+		{"registry credentials", wrap(reference.ErrUnauthorized), errdefs.ErrPermissionDenied},
 		{"GPU lock timeout", wrap(fmt.Errorf("GPU lock of pid 1: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},
 		{"GPU out of memory", wrap(fmt.Errorf("GPU restore of pid 1: %w", gpu.ErrOutOfMemory)), errdefs.ErrResourceExhausted},
 		{"GPU restore timeout", wrap(fmt.Errorf("GPU restore of pid 1 did not finish within 1s: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},

@@ -570,29 +570,13 @@ func nsPID(pid int) int {
 }
 
 // deviceMapRequest is the device map request of checkpoint GPU state st onto this node's GPUs
-// devs, with the links the checkpoint recorded and this node's (when the inventory knows them).
+// devs (devicemap.ForCheckpoint), with this node's links when the inventory knows them.
 func (s *Service) deviceMapRequest(st *checkpoint.GPUState, devs []gpu.Device) devicemap.Request {
-	r := devicemap.Request{Devices: devs}
-	for _, d := range st.Devices {
-		r.GPUs = append(r.GPUs, devicemap.Source{UUID: d.UUID, Name: d.Name, MemoryUsed: d.MemoryUsed})
-	}
-	if len(st.Links) == len(st.Devices) {
-		r.Links = make([][]topology.Link, len(st.Links))
-		for i, row := range st.Links {
-			if len(row) != len(st.Devices) {
-				r.Links = nil
-				break
-			}
-			r.Links[i] = make([]topology.Link, len(row))
-			for j, c := range row {
-				r.Links[i][j], _ = topology.ParseLink(c) // unknown: not compared
-			}
-		}
-	}
+	var topo *topology.Topology
 	if t, ok := s.deps.GPU.Inventory().(gpu.Topologist); ok {
-		r.Topology, _ = t.Topology() // unknown: mapped by model and memory alone
+		topo, _ = t.Topology() // unknown: mapped by model and memory alone
 	}
-	return r
+	return devicemap.ForCheckpoint(st, devs, topo)
 }
 
 // containerLinks returns the links between the container's GPUs (uuids, container order) on this

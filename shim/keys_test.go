@@ -1,13 +1,16 @@
 package shim
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +23,8 @@ import (
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/signature"
+	"github.com/berth-dev/berth/shim/helper"
+	"github.com/berth-dev/berth/shim/helper/serve"
 )
 
 // testKey is a key pair in files, as a node has one.
@@ -138,7 +143,22 @@ func testDeps(p *signature.Policy) Deps {
 		Fingerprint:   func(context.Context) (fingerprint.Fingerprint, error) { return nodeFP, nil },
 		ReadProcesses: testProcs,
 		Trust:         p,
+		Registry:      servedRegistry(),
 	}
+}
+
+// servedRegistry is Deps.Registry as RealDeps wires it (helper.Client), with berth-shim-helper's
+// work (serve.Handlers) served in this process instead of a child: every request and answer goes
+// through the helper's JSON and error kinds, so the error classes the tests check are the ones
+// a real shim gets back from the helper.
+func servedRegistry() Registry {
+	return helper.Client{Path: helper.Name, Run: func(cmd *exec.Cmd) ([]byte, error) {
+		var out bytes.Buffer
+		if rc := helper.Serve(context.Background(), cmd.Stdin, &out, serve.Handlers()); rc != 0 {
+			return out.Bytes(), fmt.Errorf("exit status %d", rc)
+		}
+		return out.Bytes(), nil
+	}}
 }
 
 // checkpointOpts vary writeCheckpointWith.

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -36,6 +37,10 @@ type lease struct {
 	timer    *time.Timer
 	// kill: at expiry a still paused task is killed, not resumed (oci.PauseLeaseKill)
 	kill bool
+	// workDir is the directory of a checkpoint the shim wrote for the lease's holder
+	// (leaseWorkDir): it holds the task's memory, and an expired lease (its holder is gone)
+	// removes it; "" for none.
+	workDir string
 }
 
 // Update updates the task. An update whose annotations carry oci.AnnotationPauseLease grants,
@@ -82,9 +87,11 @@ func (s *Service) setLease(ctx context.Context, id, v, expiry string) error {
 	l := &s.leases
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var workDir string
 	if old := l.byTask[id]; old != nil {
 		old.timer.Stop()
 		delete(l.byTask, id)
+		workDir = old.workDir
 	}
 	if d == 0 {
 		log.G(ctx).WithField("id", id).Debug("pause lease released")
@@ -93,7 +100,7 @@ func (s *Service) setLease(ctx context.Context, id, v, expiry string) error {
 	if l.byTask == nil {
 		l.byTask = map[string]*lease{}
 	}
-	nl := &lease{deadline: s.deps.Now().Add(d), kill: expiry == oci.PauseLeaseKill}
+	nl := &lease{deadline: s.deps.Now().Add(d), kill: expiry == oci.PauseLeaseKill, workDir: workDir}
 	nl.timer = time.AfterFunc(d, func() { s.expireLease(id, nl) })
 	l.byTask[id] = nl
 	log.G(ctx).WithFields(log.Fields{"id": id, "lease": d, "kill_at_expiry": nl.kill}).Debug("pause lease granted")
@@ -121,6 +128,17 @@ func (s *Service) expireLease(id string, l *lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("id", id))
+	if l.workDir != "" {
+		// the holder is gone and will not remove the checkpoint it had the shim write: it
+		// holds the task's memory
+		defer func() {
+			if err := os.RemoveAll(l.workDir); err != nil {
+				log.G(ctx).WithError(err).WithField("path", l.workDir).Error("pause lease ended: removing the checkpoint of its holder failed")
+				return
+			}
+			log.G(ctx).WithField("path", l.workDir).Warn("pause lease ended: the checkpoint its holder left (the task's memory) removed")
+		}()
+	}
 	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: id})
 	if err != nil || st.Status != task.Status_PAUSED {
 		return
@@ -141,6 +159,19 @@ func (s *Service) expireLease(id string, l *lease) {
 		return
 	}
 	log.G(ctx).Warn("pause lease ended with the task still paused (the move that paused it is gone): task resumed")
+}
+
+// leaseWorkDir registers dir, the checkpoint directory the shim is writing for task id, with
+// id's pause lease, if it holds one: should the lease end (its holder died), the directory goes
+// with it (expireLease), since it holds the task's memory. A released lease leaves it to its
+// holder. Without a lease (ctr, the kubelet) nothing is registered.
+func (s *Service) leaseWorkDir(id, dir string) {
+	l := &s.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if cur := l.byTask[id]; cur != nil && dir != "" {
+		cur.workDir = dir
+	}
 }
 
 // checkpointing marks id as being checkpointed until the returned function is called: its

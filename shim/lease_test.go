@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -97,6 +99,38 @@ func TestPauseLease(t *testing.T) {
 			t.Fatal("the lease did not resume the task once its checkpoint ended")
 		}
 	})
+	t.Run("expires with its checkpoint", func(t *testing.T) {
+		// the checkpoint the shim wrote for the lease's holder goes when the lease ends, kept
+		// over renewals; one of a released lease stays (its holder removes or keeps it)
+		for _, release := range []bool{false, true} {
+			stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+			s := NewService(stub, Config{}, Deps{})
+			dir := filepath.Join(t.TempDir(), "ck")
+			if err := os.MkdirAll(filepath.Join(dir, "checkpoint"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Update(ctx, leaseUpdate("5s")); err != nil {
+				t.Fatal(err)
+			}
+			s.leaseWorkDir("t", leasedCheckpointDir(filepath.Join(dir, "checkpoint"), dir, "/bundle"))
+			v := "150ms"
+			if release {
+				v = "0"
+			}
+			if _, err := s.Update(ctx, leaseUpdate(v)); err != nil {
+				t.Fatal(err)
+			}
+			resumed := resumedWithin(stub, 2*time.Second)
+			time.Sleep(50 * time.Millisecond) // removal follows the resume
+			_, err := os.Stat(dir)
+			switch {
+			case !release && (!resumed || !os.IsNotExist(err)):
+				t.Errorf("expired lease: resumed %v, checkpoint stat %v; want resumed and removed", resumed, err)
+			case release && (resumed || err != nil):
+				t.Errorf("released lease: resumed %v, checkpoint stat %v; want neither resumed nor removed", resumed, err)
+			}
+		}
+	})
 	t.Run("deleted", func(t *testing.T) {
 		stub := &pausedStub{paused: true, resumed: make(chan struct{})}
 		s := NewService(stub, Config{}, Deps{})
@@ -168,5 +202,22 @@ func TestPauseLeaseCommitted(t *testing.T) {
 	bad.Annotations[oci.AnnotationPauseLeaseExpiry] = "explode"
 	if _, err := s.Update(ctx, bad); !errdefs.IsInvalidArgument(errgrpc.ToNative(err)) {
 		t.Fatalf("expiry %q = %v, want InvalidArgument", "explode", err)
+	}
+}
+
+func TestLeasedCheckpointDir(t *testing.T) {
+	for _, tc := range []struct{ images, work, want string }{
+		{"/w/ck/checkpoint", "/w/ck", "/w/ck"},                                 // berthctl's layout
+		{"/w/ck/checkpoint", "/bundle/" + shimCRIUWorkDir, "/w/ck/checkpoint"}, // the shim's own work dir
+		{"/w/images", "/elsewhere", "/w/images"},
+		{"/w/ck/checkpoint", "/", "/w/ck/checkpoint"},
+		{"/w/ck/checkpoint", "rel", "/w/ck/checkpoint"},
+		{"", "/w", ""},
+		{"rel/images", "/w", ""},
+		{"/", "/", ""},
+	} {
+		if got := leasedCheckpointDir(tc.images, tc.work, "/bundle"); got != tc.want {
+			t.Errorf("leasedCheckpointDir(%q, %q) = %q, want %q", tc.images, tc.work, got, tc.want)
+		}
 	}
 }

@@ -18,7 +18,9 @@ import (
 	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu/backend"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/signature"
+	"github.com/berth-dev/berth/shim/helper"
 )
 
 // Register registers berth's task service as the shim's TTRPC "task" plugin, built on runc's
@@ -58,19 +60,22 @@ func Register(configPath string) {
 // RealDeps returns the dependencies of a real node: the fingerprint from /proc and the
 // versions that `criu --version`, `runc --version` and `containerd --version` print (run through
 // containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the
-// credentials of checkpointed processes from their CRIU images, the GPU backend that cfg.GPU
-// names (gpu/backend), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
+// credentials of checkpointed processes from their CRIU images and pulls from registries (both
+// by berth-shim-helper, run through the reaper: package shim/helper), the GPU backend that cfg.GPU
+// names (backend.OpenLazy: CUDA and NVML are loaded by the first call that needs the GPUs, so a
+// container that never checkpoints or restores one does not carry them), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
 // names the key file), and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
 	policy, err := signature.LoadPolicy(cfg.TrustConfig)
 	if err != nil {
 		return Deps{}, fmt.Errorf("shim config %s: %w", cfg.Path, err)
 	}
-	b, err := backend.Open(cfg.GPU, cfg.FakeGPURoot)
+	b, err := backend.OpenLazy(cfg.GPU, cfg.FakeGPURoot)
 	if err != nil {
 		return Deps{}, err
 	}
 	src := fingerprint.NodeSources("/proc", cfg.CRIUPath, reaperOutput)
+	helpers := helper.Client{Run: reaperOutput} // berth-shim-helper, a child the reaper owns
 	return Deps{
 		Fingerprint: func(ctx context.Context) (fingerprint.Fingerprint, error) {
 			fp, err := fingerprint.Collect(ctx, src)
@@ -81,8 +86,9 @@ func RealDeps(cfg Config) (Deps, error) {
 			return fp, err
 		},
 		DumpStats:     criu.ReadDumpStats,
-		ReadProcesses: criu.ReadProcesses,
+		ReadProcesses: func(dir string) ([]privilege.Process, error) { return helpers.ReadProcesses(context.Background(), dir) },
 		GPU:           b,
+		Registry:      helpers,
 		Trust:         policy,
 		Now:           time.Now,
 	}, nil

@@ -12,7 +12,8 @@ import (
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
-	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/shim/helper"
 )
 
 // PulledDir is the directory under the checkpoint root that holds checkpoints pulled from
@@ -26,13 +27,18 @@ const PulledDir = ".oci"
 // its manifest digest first; a checkpoint of that digest already pulled and still intact is
 // reused, otherwise it is pulled (registry.Pull: every digest verified, nothing left behind on
 // failure) into a temporary directory and renamed into place, so a concurrent restore never sees
-// a partial one. The caller runs the usual validation (digests, fingerprint, namespace, GPUs).
-func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) (string, error) {
+// a partial one. Resolving and pulling are Deps.Registry's (berth-shim-helper on a real node: the
+// registry client is not part of the shim process). The caller runs the usual validation
+// (digests, fingerprint, namespace, GPUs).
+func (s *Service) pullCheckpoint(ctx context.Context, src reference.RestoreFrom) (string, error) {
 	if !s.cfg.RegistryAllowed(src.Registry) {
 		return "", mark(fmt.Errorf("registry %s is not in allowed_registries %q of the shim config %s: add it there to restore from it",
 			src.Registry, s.cfg.AllowedRegistries, s.cfg.Path), ErrRegistryNotAllowed)
 	}
-	opts := registry.Options{
+	if s.deps.Registry == nil {
+		return "", fmt.Errorf("restore from registry %s: this shim has no registry client", src.Registry)
+	}
+	opts := helper.RegistryOptions{
 		PlainHTTP:    s.cfg.RegistryPlain(src.Registry),
 		DockerConfig: s.cfg.RegistryConfig,
 		Limits:       archive.Limits{MaxFileBytes: s.cfg.MaxArchiveBytes, MaxTotalBytes: s.cfg.MaxArchiveBytes},
@@ -40,11 +46,11 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 	start := s.deps.Now()
 	dgst := src.Digest
 	if dgst == "" {
-		desc, err := registry.Resolve(ctx, src.Ref(), opts)
+		d, err := s.deps.Registry.Resolve(ctx, src.Ref(), opts)
 		if err != nil {
 			return "", err
 		}
-		dgst = desc.Digest.String()
+		dgst = d
 	}
 	algo, hex, ok := strings.Cut(dgst, ":")
 	if !ok || algo != "sha256" || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
@@ -76,7 +82,7 @@ func (s *Service) pullCheckpoint(ctx context.Context, src registry.RestoreFrom) 
 	}
 	tmp := filepath.Join(cache, fmt.Sprintf(".pull-%s-%d", hex, s.deps.Now().UnixNano()))
 	byDigest := src.Registry + "/" + src.Repository + "@" + dgst
-	if err := registry.Pull(ctx, byDigest, tmp, opts); err != nil {
+	if err := s.deps.Registry.Pull(ctx, byDigest, tmp, opts); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp, final); err != nil {

@@ -20,7 +20,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
 	"github.com/berth-dev/berth/oci/signature"
 )
 
@@ -54,7 +54,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	if err := checkReference(ref); err != nil {
 		return nil, err
 	}
-	src, err := registry.ParseRestoreFrom(ref)
+	src, err := reference.ParseRestoreFrom(ref)
 	if err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err)
 	}
@@ -258,11 +258,12 @@ func sourceOf(root string, m *checkpoint.Manifest, atTop bool) source {
 	return src
 }
 
-// checkProcesses reads every thread's credentials from the held CRIU images and refuses a
+// checkProcesses reads every thread's credentials from the held CRIU images (through the
+// path a child can open: ReadProcesses runs in berth-shim-helper) and refuses a
 // restore that would give any of them more than spec grants (privilege.CheckProcesses: the
 // error names the process, the field and both values).
 func (s *Service) checkProcesses(plan *restorePlan, spec *specs.Spec) error {
-	procs, err := s.deps.ReadProcesses(plan.images())
+	procs, err := s.deps.ReadProcesses(plan.runcImages())
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: read the credentials of its processes: %w", plan.name(), err)
 	}
@@ -447,7 +448,8 @@ func (p *restorePlan) root() string { return fdPath("self", p.held) }
 // images is the held CRIU image directory's path for this process.
 func (p *restorePlan) images() string { return fdPath("self", p.heldImages) }
 
-// runcImages is the held CRIU image directory's path for runc, a child of this process.
+// runcImages is the held CRIU image directory's path for a child of this process (runc, and
+// berth-shim-helper reading the processes' credentials), and for this process too.
 func (p *restorePlan) runcImages() string { return fdPath(fmt.Sprint(os.Getpid()), p.heldImages) }
 
 // name names the checkpoint in messages: its archive, or its directory.

@@ -27,8 +27,8 @@ func checkRestoreFits(plan *restorePlan, spec *specs.Spec) error {
 	}
 	need, limit := plan.manifest.MemoryBytes(), oci.MemoryLimit(spec)
 	if limit > 0 && need > limit {
-		return mark(fmt.Errorf("linux.resources.memory.limit is %d bytes, below the %d bytes of memory pages checkpoint %s holds: CRIU would be OOM-killed restoring it; raise the limit to at least %d bytes",
-			limit, need, plan.name(), need), ErrOutOfMemory)
+		return mark(fmt.Errorf("linux.resources.memory.limit is %d bytes, below the %d bytes of memory pages checkpoint %s holds: CRIU would be OOM-killed restoring it; raise the limit to at least %d bytes (the pages and what CRIU charges to the container's cgroup while it restores)",
+			limit, need, plan.name(), need+restoreHeadroom), ErrOutOfMemory)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,16 +30,25 @@ const (
 	RestoreLogsDir = "restore-logs"
 	// maxQuotedCRIULines is how many of CRIU's error lines an error quotes.
 	maxQuotedCRIULines = 4
+	// restoreHeadroom is the memory, in bytes, a restore's advice asks for above the
+	// checkpoint's pages: what CRIU charges to the container's cgroup besides them while it
+	// restores (its own memory, page tables; a few MiB measured), with room to spare.
+	restoreHeadroom = 16 << 20
 )
 
 // CRIU's lines that name a cause (CRIU 4.x; criu/cr-restore.c, files-reg.c, cr-dump.c, util.c).
 var (
 	// "Error (criu/cr-restore.c:1237): Can't fork for 7: File exists"
 	criuForkExists = regexp.MustCompile(`Can't fork for (\d+): File exists`)
-	// "Error (criu/files-reg.c:2353): Can't open file dev/shm/x on restore: No such file or directory"
-	criuOpenMissing = regexp.MustCompile(`Can't open file (\S+) on restore: No such file or directory`)
+	// "Error (criu/files-reg.c:2267): Can't open file dev/shm/x: No such file or directory" (CRIU
+	// 4.2.1, seen in TestXccOpenShmFile), or "... Can't open file dev/shm/x on restore: No such
+	// file or directory" (files-reg.c's other message, for a file it reopens by its path)
+	criuOpenMissing = regexp.MustCompile(`Can't open file (\S+?)(?: on restore)?: No such file or directory`)
 	// "Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed"
 	criuKilled = regexp.MustCompile(`killed by signal 9\b`)
+	// "Error (criu/cr-restore.c:2331): Restoring FAILED.": CRIU's verdict on a failed restore,
+	// the last thing it logs unless it was killed first
+	criuRestoreFailed = regexp.MustCompile(`Restoring FAILED`)
 	// "Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted"
 	criuRlimitEPERM = regexp.MustCompile(`Can't get rlimit \d+: Operation not permitted`)
 	// "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not
@@ -73,14 +83,18 @@ func lastLines(lines []string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
+// bundleWorkDir is the name, in a task's bundle, of containerd's link to the task's work
+// directory (containerd's runc shim: process.Init.WorkDir).
+const bundleWorkDir = "work"
+
 // criuWorkDir is where CRIU writes its restore log for the task: the work path of the task's
-// runc options, else its bundle (containerd's runc shim uses the task's work directory, which
-// is the bundle).
+// runc options, else the task's work directory, bundle/work (containerd's runc shim gives runc
+// that as --work-path when the options name none).
 func (t *restoredTask) criuWorkDir() string {
 	if t.criuWork != "" {
 		return t.criuWork
 	}
-	return t.bundle
+	return filepath.Join(t.bundle, bundleWorkDir)
 }
 
 // restoreFacts is what a restore's cause is told from besides CRIU's log.
@@ -116,11 +130,16 @@ func restoreCause(lines []string, logOK bool, f restoreFacts) *cause {
 			return openMissingCause("/"+strings.TrimPrefix(m[1], "/"), f.spec)
 		}
 		if criuKilled.MatchString(l) {
-			return oomCause(limit, f.need, true)
+			return oomCause(limit, f.need, oomKilledTask)
 		}
 	}
+	if !slices.ContainsFunc(lines, criuRestoreFailed.MatchString) {
+		// CRIU itself was killed (runc then reads EOF from it): runc puts CRIU into the
+		// container's cgroup while it restores, so the cgroup's OOM killer may pick CRIU
+		return oomCause(limit, f.need, oomKilledCRIU)
+	}
 	if limit > 0 && f.need > limit {
-		return oomCause(limit, f.need, false)
+		return oomCause(limit, f.need, oomNoSign)
 	}
 	return nil
 }
@@ -139,17 +158,38 @@ func openMissingCause(file string, spec *specs.Spec) *cause {
 	return &cause{ErrMountSource, fmt.Sprintf("the checkpointed process holds %s open, and this node's container has no such file: give the destination the file (an external mount's source must hold what it held on the source node)", file)}
 }
 
-// oomCause is the cause for a restore under a memory limit below the checkpoint's memory
-// (killed: CRIU reported a process killed by SIGKILL).
-func oomCause(limit, need int64, killed bool) *cause {
-	what := "CRIU's restore was killed (SIGKILL, the cgroup's OOM killer)"
-	if !killed {
-		what = "CRIU's restore failed"
+// How an out-of-memory restore showed itself.
+const (
+	// oomNoSign: CRIU failed, with nothing in its log that says why, under a limit below the
+	// checkpoint's memory.
+	oomNoSign = iota
+	// oomKilledTask: CRIU reports a process it was restoring killed by SIGKILL.
+	oomKilledTask
+	// oomKilledCRIU: CRIU's log ends without its verdict: CRIU itself was killed.
+	oomKilledCRIU
+)
+
+// oomCause is the cause for a restore that ran out of memory, shown as how says (oomNoSign,
+// oomKilledTask, oomKilledCRIU), under the container's memory limit (0: none) with need bytes of
+// pages in the checkpoint (0: unknown).
+func oomCause(limit, need int64, how int) *cause {
+	what := "CRIU's restore failed"
+	switch how {
+	case oomKilledTask:
+		what = "CRIU's restore was killed (SIGKILL, the cgroup's OOM killer)"
+	case oomKilledCRIU:
+		what = "CRIU was killed while it restored (its log ends without its verdict), as the cgroup's OOM killer kills it"
 	}
 	switch {
-	case limit > 0 && need > 0:
+	case limit > 0 && need > limit:
 		return &cause{ErrOutOfMemory, fmt.Sprintf("%s: the container's memory limit (linux.resources.memory.limit) is %d bytes and the checkpoint holds %d bytes of memory pages; raise the limit to at least %d bytes",
-			what, limit, need, need)}
+			what, limit, need, need+restoreHeadroom)}
+	case limit > 0 && need > 0:
+		// CRIU runs in the container's cgroup while it restores (runc puts it there), so the
+		// pages are not all it charges: measured on CRIU 4.2.1, a 64 MiB checkpoint failed under
+		// its pages plus 2 MiB and restored under its pages plus 4 MiB
+		return &cause{ErrOutOfMemory, fmt.Sprintf("%s: the container's memory limit (linux.resources.memory.limit) is %d bytes, not enough above the %d bytes of memory pages the checkpoint holds, since CRIU itself runs in the container's cgroup while it restores; raise the limit to at least %d bytes",
+			what, limit, need, need+restoreHeadroom)}
 	case limit > 0:
 		return &cause{ErrOutOfMemory, fmt.Sprintf("%s: the container's memory limit (linux.resources.memory.limit) is %d bytes, likely below what the checkpoint holds; raise it to what the source container used", what, limit)}
 	}

@@ -46,13 +46,15 @@ func TestRestoreCause(t *testing.T) {
 		words []string
 	}{
 		{"no log", nil, false, 0, ErrCRIUOptions, errdefs.ErrInvalidArgument, []string{"criu_options in cfg.toml", criuConfigName}},
-		{"pid", []string{"Error (criu/cr-restore.c:1237): Can't fork for 7: File exists"}, true, 0, ErrPIDInUse, errdefs.ErrFailedPrecondition, []string{"PID 7", "PID namespace"}},
-		{"shm", []string{"Error (criu/files-reg.c:2353): Can't open file dev/shm/berth-shm on restore: No such file or directory"}, true, 0, ErrShmFile, errdefs.ErrFailedPrecondition, []string{"/dev/shm/berth-shm open"}},
-		{"bind", []string{"Error (criu/files-reg.c:2353): Can't open file data/model.bin on restore: No such file or directory"}, true, 0, ErrMountSource, errdefs.ErrFailedPrecondition, []string{"/data/model.bin", "/srv/data -> /data", "/srv/data/model.bin does not exist"}},
-		{"other file", []string{"Error (criu/files-reg.c:2353): Can't open file tmp/x on restore: No such file or directory"}, true, 0, ErrMountSource, errdefs.ErrFailedPrecondition, []string{"/tmp/x"}},
+		{"pid", []string{"Error (criu/cr-restore.c:1237): Can't fork for 7: File exists", "(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 0, ErrPIDInUse, errdefs.ErrFailedPrecondition, []string{"PID 7", "PID namespace"}},
+		{"shm", []string{"(00.158197)      1: Error (criu/files-reg.c:2267): Can't open file dev/shm/berth-shm: No such file or directory", "(00.158198)      1: Error (criu/files.c:1221): Unable to open fd=3 id=0x3", "(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 0, ErrShmFile, errdefs.ErrFailedPrecondition, []string{"/dev/shm/berth-shm open"}},
+		{"bind", []string{"Error (criu/files-reg.c:2353): Can't open file data/model.bin on restore: No such file or directory", "(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 0, ErrMountSource, errdefs.ErrFailedPrecondition, []string{"/data/model.bin", "/srv/data -> /data", "/srv/data/model.bin does not exist"}},
+		{"other file", []string{"Error (criu/files-reg.c:2353): Can't open file tmp/x on restore: No such file or directory", "(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 0, ErrMountSource, errdefs.ErrFailedPrecondition, []string{"/tmp/x"}},
 		{"oom killed", []string{"Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed"}, true, 1 << 30, ErrOutOfMemory, errdefs.ErrResourceExhausted, []string{"linux.resources.memory.limit) is 67108864 bytes", "1073741824 bytes of memory pages"}},
-		{"under limit, no line", nil, true, 1 << 30, ErrOutOfMemory, errdefs.ErrResourceExhausted, []string{"raise the limit to at least 1073741824 bytes"}},
-		{"unknown", []string{"Error (criu/x.c:1): something else"}, true, 1 << 20, nil, nil, nil},
+		{"under limit, no cause", []string{"(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 1 << 30, ErrOutOfMemory, errdefs.ErrResourceExhausted, []string{"raise the limit to at least 1090519040 bytes"}},
+		{"CRIU killed (no verdict)", []string{"(00.146974) Error (criu/cgroup.c:2055): cg: cgroupd: recv req error: No such file or directory"}, true, 60 << 20, ErrOutOfMemory, errdefs.ErrResourceExhausted, []string{"CRIU was killed while it restored (its log ends without its verdict)", "is 67108864 bytes, not enough above the 62914560 bytes", "at least 79691776 bytes"}},
+		{"oom killed above the pages", []string{"Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed"}, true, 60 << 20, ErrOutOfMemory, errdefs.ErrResourceExhausted, []string{"killed (SIGKILL", "is 67108864 bytes, not enough above the 62914560 bytes of memory pages", "CRIU itself runs in the container's cgroup", "at least 79691776 bytes"}},
+		{"unknown", []string{"Error (criu/x.c:1): something else", "(00.040680) Error (criu/cr-restore.c:2331): Restoring FAILED."}, true, 1 << 20, nil, nil, nil},
 	} {
 		c := restoreCause(tc.lines, tc.logOK, restoreFacts{spec: spec, need: tc.need, configName: "cfg.toml"})
 		if tc.want == nil {
@@ -97,7 +99,12 @@ func TestExplainRestore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.2.0"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(bundle, restoreLogFile), []byte("(0.1) Error (criu/cr-restore.c:1237): Can't fork for 7: File exists\n"), 0o600); err != nil {
+	// containerd links bundle/work to the task's work directory, where runc has CRIU write
+	work := t.TempDir()
+	if err := os.Symlink(work, filepath.Join(bundle, bundleWorkDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, restoreLogFile), []byte("(0.1) Error (criu/cr-restore.c:1237): Can't fork for 7: File exists\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := &Service{cfg: Config{CheckpointRoot: root, Path: "cfg.toml"}}

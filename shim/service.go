@@ -18,13 +18,13 @@ import (
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/signature"
+	"github.com/berth-dev/berth/shim/helper"
 )
 
 // criuConfigName is the file the shim writes into each bundle and points org.criu.config at.
@@ -47,8 +47,25 @@ type Deps struct {
 	// policy without keys: checkpoints are written unsigned and every restore is refused.
 	Trust *signature.Policy
 	// ReadProcesses reads every thread's credentials from a CRIU image directory
-	// (criu.ReadProcesses); a restore compares them with the destination spec.
+	// (images.ReadProcesses, which RealDeps runs in berth-shim-helper so that go-criu's image
+	// bindings are not part of every container's shim; nil: the helper, run without the
+	// reaper); a restore compares them with the destination spec.
 	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
+	// Registry resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
+	// restores. RealDeps runs berth-shim-helper for each call (helper.Client), so that the
+	// registry client is not part of every container's shim process. nil: such restores fail.
+	Registry Registry
+}
+
+// Registry resolves and pulls checkpoints from registries (helper.Client, which runs
+// berth-shim-helper; the tests serve its requests in their own process). Resolve returns the digest ("sha256:<hex>") of
+// the OCI manifest ref ("host[:port]/repository:tag") names; Pull pulls the checkpoint ref names
+// into the new directory dir, every digest verified, nothing left at dir on failure. Errors
+// match (errors.Is) package registry's, archive's and checkpoint's sentinels and the registry's
+// errdef.ErrNotFound.
+type Registry interface {
+	Resolve(ctx context.Context, ref string, o helper.RegistryOptions) (string, error)
+	Pull(ctx context.Context, ref, dir string, o helper.RegistryOptions) error
 }
 
 // Service is the berth task service: runc's task service with berth's checkpoint and restore.
@@ -126,7 +143,9 @@ func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service 
 		deps.Trust = &signature.Policy{}
 	}
 	if deps.ReadProcesses == nil {
-		deps.ReadProcesses = criu.ReadProcesses
+		deps.ReadProcesses = func(dir string) ([]privilege.Process, error) {
+			return helper.Client{}.ReadProcesses(context.Background(), dir)
+		}
 	}
 	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps,
 		tasks: map[string]*restoredTask{}, rootfs: map[string][]mount.Mount{}}

@@ -361,6 +361,19 @@ func TestRestoreRootfsDiff(t *testing.T) {
 	if err := s.applyDiff(ctx, p, t.TempDir()); !errors.Is(err, ErrRootfsDiffTooLarge) {
 		t.Fatalf("over the limit: %v", err)
 	}
+
+	// zstd (neither containerd nor berth writes it) and a broken gzip stream are bad archives
+	for name, body := range map[string][]byte{"zstd": {0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0}, "gzip": {0x1f, 0x8b, 0}} {
+		p := filepath.Join(t.TempDir(), name+".tar")
+		if err := os.WriteFile(p, body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.applyDiff(ctx, p, t.TempDir()); !errors.Is(err, ErrBadArchive) || errorClass(err) != errdefs.ErrInvalidArgument {
+			t.Errorf("%s rootfs diff: %v; want a bad archive", name, err)
+		} else if name == "zstd" && !strings.Contains(err.Error(), "zstd") {
+			t.Errorf("zstd rootfs diff: %v; want the error to name zstd", err)
+		}
+	}
 }
 
 // TestStartRestoresWhatCreateVerified: runc restores the directory Create verified, held open,

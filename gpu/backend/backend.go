@@ -2,8 +2,8 @@
 // implementations (none, the CUDA driver with NVML, the fake GPU). The shim and berthctl both
 // open their backend here, so a name means the same thing everywhere.
 //
-// What belongs here: choosing and opening a backend, and describing its GPUs as fingerprint
-// entries. What does not: the backends themselves (gpu/cuda, gpu/nvml, gpu/nvidia, gpu/fake).
+// What belongs here: choosing and opening a backend (OpenLazy: on first use, for a process that
+// may never need its GPUs), and describing its GPUs as fingerprint entries. What does not: the backends themselves (gpu/cuda, gpu/nvml, gpu/nvidia, gpu/fake).
 package backend
 
 import (

@@ -36,6 +36,7 @@ import (
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/topology"
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // UsedUnit is the granularity of key 4, in bytes.
@@ -64,6 +65,31 @@ type Request struct {
 	// like Devices (nil when unknown).
 	Devices  []gpu.Device
 	Topology *topology.Topology
+}
+
+// ForCheckpoint is the request that maps the GPUs a checkpoint's manifest records (st: each
+// GPU's UUID, model and the device memory the container held on it; the links between them,
+// as nvidia-smi names them, where recorded) onto a node's GPUs devs with links topo (nil:
+// unknown). Links that are not recorded for every pair, or do not parse, are not compared.
+func ForCheckpoint(st *checkpoint.GPUState, devs []gpu.Device, topo *topology.Topology) Request {
+	r := Request{Devices: devs, Topology: topo}
+	for _, d := range st.Devices {
+		r.GPUs = append(r.GPUs, Source{UUID: d.UUID, Name: d.Name, MemoryUsed: d.MemoryUsed})
+	}
+	if len(st.Links) == len(st.Devices) {
+		r.Links = make([][]topology.Link, len(st.Links))
+		for i, row := range st.Links {
+			if len(row) != len(st.Devices) {
+				r.Links = nil
+				break
+			}
+			r.Links[i] = make([]topology.Link, len(row))
+			for j, c := range row {
+				r.Links[i][j], _ = topology.ParseLink(c) // unknown: not compared
+			}
+		}
+	}
+	return r
 }
 
 // Choice is a device map and why.

@@ -10,13 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"sync"
 
-	"github.com/containerd/errdefs"
-
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/errdef"
 	orasreg "oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
@@ -26,6 +22,7 @@ import (
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/internal/quote"
+	"github.com/berth-dev/berth/oci/registry/reference"
 )
 
 // Media types and annotations of a checkpoint artifact (see the package documentation).
@@ -62,21 +59,26 @@ const maxOCIManifestBytes = 4 << 20
 // maxSignatureBytes bounds the berth.sig layer, in bytes (oci/signature reads at most as much).
 const maxSignatureBytes = 24 << 20
 
-// Errors of this package; they are returned wrapped, with the reference and registry.
+// Errors of this package (declared in package reference, which the shim imports without the
+// registry client); they are returned wrapped, with the reference and registry.
 var (
-	// ErrNotCheckpoint: the reference names something that is not a berth checkpoint artifact
-	// (another manifest media type, artifact type or config media type, or a layer of another
-	// media type or without a title).
-	ErrNotCheckpoint = errors.New("not a berth checkpoint artifact")
-	// ErrLayerMismatch: the artifact's layers are not exactly the files its berth.json lists
-	// (path, size and digest, in order).
-	ErrLayerMismatch = errors.New("layers do not match berth.json")
-	// ErrNoTag: Push was given a reference without a tag.
-	ErrNoTag = errors.New("reference has no tag")
-	// ErrUnauthorized: the registry requires credentials and none were given, or it refused
-	// them (HTTP 401).
-	ErrUnauthorized = errors.New("registry requires valid credentials")
+	// ErrNotCheckpoint: see reference.ErrNotCheckpoint.
+	ErrNotCheckpoint = reference.ErrNotCheckpoint
+	// ErrLayerMismatch: see reference.ErrLayerMismatch.
+	ErrLayerMismatch = reference.ErrLayerMismatch
+	// ErrNoTag: see reference.ErrNoTag.
+	ErrNoTag = reference.ErrNoTag
+	// ErrUnauthorized: see reference.ErrUnauthorized.
+	ErrUnauthorized = reference.ErrUnauthorized
+	// ErrCredentialsInReference: see reference.ErrCredentialsInReference.
+	ErrCredentialsInReference = reference.ErrCredentialsInReference
 )
+
+// MaxReferenceBytes bounds a registry reference, in bytes (reference.MaxReferenceBytes).
+const MaxReferenceBytes = reference.MaxReferenceBytes
+
+// parseRef is reference.Parse.
+func parseRef(ref string) (orasreg.Reference, error) { return reference.Parse(ref) }
 
 // shortURL drops the query from the URL of a failed request (an upload URL carries a long state
 // token that says nothing to a reader); other errors are returned as they are.
@@ -169,37 +171,6 @@ type target struct {
 // String names the reference and the registry, for error messages.
 func (t *target) String() string {
 	return fmt.Sprintf("%s (registry %s)", t.ref, t.ref.Registry)
-}
-
-// ErrCredentialsInReference: a reference names a user (and password) before the host
-// ("user:pass@host/repo:tag"). Credentials come from Options (a password never travels in a
-// reference, which ends up in errors and logs); the error quotes the reference without them.
-var ErrCredentialsInReference = errors.New("reference holds credentials")
-
-// MaxReferenceBytes bounds a registry reference, in bytes: the distribution registry's names
-// are at most 255 bytes, a tag 128 and a digest about 100.
-const MaxReferenceBytes = 1024
-
-// parseRef parses ref. Its errors quote ref cut and without user information (quote.Ref), never
-// oras-go's parse error when ref holds any: that would quote it whole.
-func parseRef(ref string) (orasreg.Reference, error) {
-	if strings.HasPrefix(ref, "oci://") {
-		return orasreg.Reference{}, fmt.Errorf("reference %s: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", quote.Ref(ref), errdefs.ErrInvalidArgument)
-	}
-	if len(ref) > MaxReferenceBytes {
-		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: longer than %d bytes", quote.Ref(ref), errdef.ErrInvalidReference, MaxReferenceBytes)
-	}
-	if quote.StripCredentials(ref) != ref {
-		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: credentials come from a Docker config.json or a user name and password given apart, never from the reference", quote.Ref(ref), ErrCredentialsInReference)
-	}
-	r, err := orasreg.ParseReference(ref)
-	if err != nil {
-		if len(ref) > quote.MaxBytes { // oras-go's error quotes it whole
-			return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), errdef.ErrInvalidReference)
-		}
-		return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), err)
-	}
-	return r, nil
 }
 
 // newTarget parses ref ("host[:port]/repository[:tag|@digest]") and sets up its client.

@@ -132,6 +132,12 @@ type Receiver struct {
 	// answered busy). It may be called from several goroutines at once.
 	OnDone func(remote net.Addr, path string, err error)
 
+	// Preflight, if not nil, answers a preflight query (QueryPreflight: whether this node can
+	// restore a container, before the sender pauses it) with opaque JSON; its error is sent as
+	// the verdict's error. nil: queries are answered with an error (the sender goes on without
+	// this node's checks). ctx ends at the TransferTimeout deadline.
+	Preflight func(ctx context.Context, query json.RawMessage) (json.RawMessage, error)
+
 	// CRIU is the criu binary that serves page streams (copy mode, pages.go); "" means "criu"
 	// on PATH.
 	CRIU string
@@ -362,7 +368,8 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 		ir.limit = fmt.Sprintf("no complete header within TransferTimeout %v", transferTimeout)
 	}
 	br := bufio.NewReaderSize(ir, recvBufferSize)
-	path, drained, err := r.receive(tctx, br, ir, deadline, transferTimeout)
+	var answer json.RawMessage
+	path, drained, err := r.receive(tctx, br, ir, deadline, transferTimeout, &answer)
 	if pd, ok := err.(pagesDone); ok { // a page stream: no verdict, the page server answered
 		return "", pd.err
 	}
@@ -370,7 +377,7 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
 
-	v := verdict{OK: err == nil, Path: path}
+	v := verdict{OK: err == nil, Path: path, Preflight: answer}
 	if err != nil {
 		v.Error = err.Error()
 		if len(v.Error) > maxErrorText {
@@ -398,7 +405,7 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 
 // receive runs the protocol up to the verdict. drained reports whether the whole stream was
 // read. ctx ends at the transfer's deadline.
-func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader, deadline time.Time, transferTimeout time.Duration) (path string, drained bool, retErr error) {
+func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader, deadline time.Time, transferTimeout time.Duration, answer *json.RawMessage) (path string, drained bool, retErr error) {
 	if b, err := br.Peek(1); err == nil && b[0] == tlsHandshakeRecord {
 		return "", false, fmt.Errorf("%w: the peer started a TLS handshake, but this receiver runs without TLS (give it %s)", ErrProtocol, TLSFlags)
 	}
@@ -420,6 +427,17 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	if hdr.Pages {
 		ir.hard = deadline
 		return "", false, r.receivePages(ctx, br, ir.conn, name, r.Root)
+	}
+	if len(hdr.Preflight) > 0 {
+		if r.Preflight == nil {
+			return "", true, fmt.Errorf("preflight of %s: %w", name, ErrNoPreflight)
+		}
+		a, err := r.Preflight(ctx, hdr.Preflight)
+		if err != nil {
+			return "", true, fmt.Errorf("preflight of %s: %w", name, err)
+		}
+		*answer = a
+		return "", true, nil
 	}
 	m, err := checkpoint.ParseManifest(hdr.Manifest)
 	if err != nil {

@@ -19,6 +19,13 @@
 //     {"ok":false,"error":"<why>"}. A receiver that refuses early (bad header, existing name)
 //     answers at once and stops reading; the sender watches for that while it streams.
 //
+// A connection may instead ask a question: a header with "preflight" (and a name, no stream) asks
+// the receiver whether its node can restore a container; the verdict line carries the answer,
+// {"ok":true,"preflight":{...}} (QueryPreflight, Receiver.Preflight). The question rides in
+// version 2 without changing it: a version 2 receiver that predates it ignores the field, finds
+// no manifest in the header and answers {"ok":false,...}, which the sender reads as "no answer"
+// (ErrNoPreflight) and goes on without the receiver's checks.
+//
 // In version 1 the sender spoke first and the receiver never greeted. The version changed with
 // the wire: a version 2 receiver refuses a version 1 header by its magic, and a version 2 sender
 // refuses a receiver that sends no greeting, or another version's.
@@ -46,6 +53,7 @@
 package transfer
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -90,6 +98,9 @@ type header struct {
 	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
 	// restore.
 	Lazy bool `json:"lazy,omitempty"`
+	// Preflight marks a connection that asks the receiver's node whether it can restore a
+	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.
+	Preflight json.RawMessage `json:"preflight,omitempty"`
 }
 
 // verdict is the receiver's answer line.
@@ -97,6 +108,8 @@ type verdict struct {
 	OK    bool   `json:"ok"`
 	Path  string `json:"path,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Preflight is the answer to a preflight query (opaque JSON); absent otherwise.
+	Preflight json.RawMessage `json:"preflight,omitempty"`
 }
 
 // ValidName checks a checkpoint name: 1 to MaxNameLen bytes of [A-Za-z0-9._-], not starting with

@@ -590,13 +590,16 @@ func TestCtlMigrateTLS(t *testing.T) {
 	if s, err := client.Stats(ctx, rt); err != nil || s.Prefills != 1 {
 		t.Errorf("moved copy: %+v %v, want the session continued (1 prefill)", s, err)
 	}
-	select {
-	case e := <-r.events:
-		if e["event"] != "received" || !strings.Contains(fmt.Sprint(e["from"]), "CN="+src.Name) {
-			t.Errorf("receive reported %v", e)
+	// first the preflight query migrate asked over the same mutual TLS, then the checkpoint
+	for i, want := range []string{"preflight", "received"} {
+		select {
+		case e := <-r.events:
+			if e["event"] != want || (i == 1 && !strings.Contains(fmt.Sprint(e["from"]), "CN="+src.Name)) {
+				t.Errorf("receive reported %v, want event %q", e, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("receive reported no %q event", want)
 		}
-	case <-time.After(10 * time.Second):
-		t.Error("receive reported nothing")
 	}
 
 	dir := filepath.Join(dst.CheckpointRoot, "ctl-tls-1")

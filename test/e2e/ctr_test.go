@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
 
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
@@ -90,5 +93,45 @@ func TestCtrCheckpointRestore(t *testing.T) {
 	want := model.Words(toks)
 	if got := strings.Join(append(first, rest...), " "); got != strings.Join(want, " ") {
 		t.Errorf("session across ctr checkpoint/restore:\n got %s\nwant %s", got, strings.Join(want, " "))
+	}
+}
+
+// TestCtrTasksCheckpointExit pins what `ctr tasks checkpoint --exit` does to a berth task. ctr
+// (containerd v2.4) sets the checkpoint option "exit" whatever the runtime's name (nerdctl sets
+// it only for io.containerd.runc.v2, see the README), and berth's shim hands it to runc: the
+// task stops once dumped, as runc's does, and the checkpoint is there. Without --exit the task
+// keeps running (control).
+func TestCtrTasksCheckpointExit(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n := c.Nodes[0]
+	ns := []string{"-n", node.Namespace}
+	for _, exit := range []bool{false, true} {
+		id, images := "ctr-x-run", filepath.Join(t.TempDir(), "images")
+		args := append(append([]string{}, ns...), "tasks", "checkpoint", "--image-path", images)
+		if exit {
+			id = "ctr-x-exit"
+			args = append(args, "--exit")
+		}
+		w := fltStart(t, ctx, n, id)
+		out, err := n.Ctr(ctx, append(args, id)...)
+		if err != nil {
+			t.Fatalf("ctr tasks checkpoint (exit %v): %v\n%s", exit, err, out)
+		}
+		if _, err := os.Stat(filepath.Join(images, "pages-1.img")); err != nil {
+			t.Errorf("exit %v: no CRIU memory image in %s: %v", exit, images, err)
+		}
+		_, st, err := n.TaskPID(ctx, id)
+		switch {
+		case exit && (err != nil || st != containerd.Stopped):
+			t.Errorf("ctr tasks checkpoint --exit: berth's task is %q, want stopped", st)
+		case !exit && (err != nil || st != containerd.Running):
+			t.Errorf("ctr tasks checkpoint: berth's task is %q (%v), want running", st, err)
+		}
+		t.Logf("exit %v: task %s after the checkpoint: %s (%v)", exit, id, st, err)
+		if !exit {
+			w.requireServing(t, ctx)
+		}
 	}
 }

@@ -21,13 +21,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/oci"
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 )
 
 // TestXplKilledMigrateSourceResumes SIGKILLs berthctl migrate while its source is paused (the
-// receiver stalls): the shim resumes the source by itself once the pause lease ends, and a
-// rerun meanwhile says how to see and resume the paused task.
+// receiver stalls) and its checkpoint, the source's memory, lies in the work directory: the shim
+// resumes the source by itself once the pause lease ends and removes that checkpoint with the
+// lease, and a rerun meanwhile says how to see and resume the paused task.
 func TestXplKilledMigrateSourceResumes(t *testing.T) {
 	c := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -35,14 +37,28 @@ func TestXplKilledMigrateSourceResumes(t *testing.T) {
 	src, dst := c.Nodes[0], c.Nodes[1]
 	w := fltStart(t, ctx, src, "xpl-k-src")
 	const lease = 6 * time.Second
+	work := t.TempDir()
 	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", t.TempDir(), "--name", "xpl-k",
+		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", work, "--name", "xpl-k",
 		"--receiver", fltFakeReceiver(t, 0, true), "--pause-lease", lease.String(), w.id}
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	fltNoErr(t, cmd.Start())
 	fltWaitStatus(t, ctx, src, w.id, containerd.Paused)
+	// killed once the source's checkpoint (its memory) is in the work directory
+	pages := filepath.Join(work, "xpl-k", fltPages)
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(work, "xpl-k", checkpoint.ManifestFile)); err == nil {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("no checkpoint in %s a minute after the pause:\n%s", work, out.String())
+		}
+	}
+	if fltFileSize(t, pages) < fltWeightsMiB<<20 {
+		t.Fatalf("%s holds less than the workload's weights", pages)
+	}
 	fltNoErr(t, cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = cmd.Wait()
@@ -65,6 +81,17 @@ func TestXplKilledMigrateSourceResumes(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	w.requireServing(t, ctx)
+	// the checkpoint the killed migrate left, the source's memory, went with the lease
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(work, "xpl-k")); os.IsNotExist(err) {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("the killed migrate's checkpoint %s (the source's memory) is still there %v after the source resumed: %v",
+				filepath.Join(work, "xpl-k"), time.Since(start).Round(time.Millisecond), fltList(t, filepath.Join(work, "xpl-k")))
+			break
+		}
+	}
 }
 
 // TestXplMigratePreflight: a destination that cannot take the container refuses before the
@@ -88,6 +115,33 @@ func TestXplMigratePreflight(t *testing.T) {
 		"nothing was paused", "mounts[", "(destination /xpl-data) is "+bindDir+" (missing), needs an existing path")
 	ev.requireUntouched(t)
 	fltRequireDstClean(t, ctx, dst, before, []string{"xpl-p-moved"}, "xpl-p")
+}
+
+// TestXplRemoteReceiverPreflight: with --receiver (a 'berthctl receive' on the destination
+// node), the checks that need the destination host are answered by the receiver before the
+// source is paused: a bind source missing there refuses the move, naming the field, the value
+// and the limit; the source is never paused and nothing reaches the destination.
+func TestXplRemoteReceiverPreflight(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	bindDir := t.TempDir()
+	const id = "xpl-r-src"
+	xplRun(t, ctx, src, id, bindDir, 0)
+	fltNoErr(t, os.RemoveAll(bindDir)) // the receiving node lacks it
+	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+	before := fltDstState(t, ctx, dst)
+	ev := fltWatch(t, ctx, src, id)
+	out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--receiver", rcv.addr, "--id", "xpl-r-moved", "--work-dir", t.TempDir(), "--name", "xpl-r", id)
+	fltRequireErr(t, "migrate to a receiver whose node lacks a bind source", out, err,
+		"nothing was paused", "mounts[", "(destination /xpl-data) is "+bindDir+" (missing), needs an existing path")
+	if strings.Contains(out, "warning:") {
+		t.Errorf("the receiver did not answer the preflight:\n%s", out)
+	}
+	ev.requireUntouched(t)
+	fltRequireDstClean(t, ctx, dst, before, []string{"xpl-r-moved"}, "xpl-r")
 }
 
 // TestXplCheckpointCheck: `berthctl checkpoint check` accepts a checkpoint the destination can

@@ -1085,9 +1085,26 @@ func fltInProcessReceiver(t *testing.T, ctx context.Context, root string, done c
 }
 
 // fltFakeReceiver listens on loopback until the test ends; on each connection it reads n bytes
-// and closes it, or with stall reads nothing and holds the connection open.
+// and closes it, or with stall reads only the header line and holds the connection open; a
+// preflight query it answers as a receiver that predates it.
 func fltFakeReceiver(t *testing.T, n int64, stall bool) string {
 	return fltPeer(t, n, stall, true)
+}
+
+// fltReadLine reads conn up to and including the first "\n" (at most 1 MiB), one byte at a time.
+func fltReadLine(conn net.Conn) []byte {
+	var b []byte
+	one := make([]byte, 1)
+	for len(b) < 1<<20 {
+		if n, err := conn.Read(one); n == 0 || err != nil {
+			return b
+		}
+		b = append(b, one[0])
+		if one[0] == '\n' {
+			return b
+		}
+	}
+	return b
 }
 
 // fltPeer is fltFakeReceiver; greet says whether it greets like a berth receiver first (a peer
@@ -1104,8 +1121,18 @@ func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 			if err != nil {
 				return
 			}
+			var line []byte
 			if greet {
 				_, _ = conn.Write([]byte(transfer.Greeting))
+				// answer a preflight query as a receiver that predates it does (migrate then
+				// goes on without the receiver's checks), so that the fault comes with the
+				// checkpoint
+				line = fltReadLine(conn)
+				if bytes.Contains(line, []byte(`"preflight":`)) {
+					_, _ = conn.Write([]byte(`{"ok":false,"error":"header manifest: missing (a test peer)"}` + "\n"))
+					conn.Close()
+					continue
+				}
 			}
 			if stall {
 				mu.Lock()
@@ -1114,7 +1141,7 @@ func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 				continue
 			}
 			go func() {
-				_, _ = io.CopyN(io.Discard, conn, n)
+				_, _ = io.CopyN(io.Discard, conn, max(n-int64(len(line)), 0))
 				conn.Close()
 			}()
 		}
@@ -1131,7 +1158,8 @@ func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 }
 
 // fltCutProxy forwards loopback connections to target and cuts each one (closes both sides)
-// once n bytes went from the client to target, after calling cut (if set).
+// once n bytes went from the client to target, after calling cut (if set); a connection the
+// client ends before n bytes is closed without calling cut.
 func fltCutProxy(t *testing.T, target string, n int64, cut func()) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -1149,8 +1177,8 @@ func fltCutProxy(t *testing.T, target string, n int64, cut func()) string {
 			}
 			go func() { _, _ = io.Copy(in, out) }()
 			go func() {
-				_, _ = io.CopyN(out, in, n)
-				if cut != nil {
+				// cut only a connection that carried n bytes (not migrate's short preflight query)
+				if _, err := io.CopyN(out, in, n); err == nil && cut != nil {
 					cut()
 				}
 				out.Close()

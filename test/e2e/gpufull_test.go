@@ -144,3 +144,69 @@ func TestGfltDeviceMapPrefersIdle(t *testing.T) {
 	}
 	w.requireRunning(t, ctx)
 }
+
+// TestGfltCheckGPUMemory: `berthctl checkpoint check --gpu fake` on node2 accepts a GPU
+// checkpoint while node2's GPUs are free and refuses it, naming the GPU field, the most free
+// device memory there and what the container held, once they are full (before anything is
+// created or sent); free again, it accepts it.
+func TestGfltCheckGPUMemory(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	gfltReclaim(t, c)
+	w := gfltStart(t, ctx, src, "gflt-k-src", []string{"GPU-node1-0"}, "")
+	dir := gfltCheckpoint(t, ctx, c, w, "gflt-k-ck")
+	m, err := checkpoint.ReadManifest(dir)
+	fltNoErr(t, err)
+	if m.GPU == nil || len(m.GPU.Devices) != 1 || m.GPU.Devices[0].MemoryUsed < gfltWeightsMiB<<20 {
+		t.Fatalf("checkpoint's GPU state %+v, want one GPU with the weights' device memory recorded", m.GPU)
+	}
+	held := m.GPU.Devices[0].MemoryUsed
+	check := func() (string, error) {
+		return fltBerthctl(ctx, c, "-n", node.Namespace, "checkpoint", "check", "--on", dst.Socket, "--root", dst.CheckpointRoot,
+			"--gpu", "fake", "--fake-gpu-root", dst.GPU.Root(), dir)
+	}
+	if out, err := check(); err != nil || !strings.Contains(out, "GPU memory)") {
+		t.Errorf("checkpoint check onto free GPUs: %v\n%s", err, out)
+	}
+
+	before := fltDstState(t, ctx, dst)
+	unfill := gfltFill(t, dst, "GPU-node2-0", "GPU-node2-1")
+	out, err := check()
+	fltRequireErr(t, "checkpoint check onto full GPUs", out, err, "refused: ",
+		"gpu[0] device memory free ("+m.GPU.Devices[0].Name+") is 0 bytes at most, on GPU-node2-",
+		fmt.Sprintf("needs >= %d bytes (what the container held on GPU-node1-0)", held),
+		"free device memory on the destination's GPUs")
+	fltRequireDstClean(t, ctx, dst, before, nil)
+
+	unfill()
+	if out, err := check(); err != nil {
+		t.Errorf("checkpoint check once the GPUs are free again: %v\n%s", err, out)
+	}
+}
+
+// TestGfltMigrateOntoFullGPURefused: migrate --gpu fake of a GPU container to a receiver whose
+// node's GPUs are full (berthctl receive --gpu fake) is refused before the source is paused,
+// naming the GPU field, the most free device memory there and what the source holds; nothing
+// reaches the destination and the source keeps serving.
+func TestGfltMigrateOntoFullGPURefused(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	gfltReclaim(t, c)
+	w := gfltStart(t, ctx, src, "gflt-mr-src", []string{"GPU-node1-0"}, "")
+	rcv := ctStartReceive(t, ctx, c, dst.CheckpointRoot, "--gpu", "fake", "--fake-gpu-root", dst.GPU.Root())
+	gfltFill(t, dst, "GPU-node2-0", "GPU-node2-1")
+	before := fltDstState(t, ctx, dst)
+	ev := fltWatch(t, ctx, src, w.id)
+	out, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--receiver", rcv.addr, "--gpu", "fake", "--fake-gpu-root", src.GPU.Root(),
+		"--id", "gflt-mr-moved", "--work-dir", t.TempDir(), "--name", "gflt-mr", w.id)
+	fltRequireErr(t, "migrate onto a node whose GPUs are full", out, err, "nothing was paused",
+		"gpu[0] device memory free (", ") is 0 bytes at most, on GPU-node2-", "(what the container held on GPU-node1-0)")
+	ev.requireUntouched(t)
+	fltRequireDstClean(t, ctx, dst, before, []string{"gflt-mr-moved"}, "gflt-mr")
+	w.requireRunning(t, ctx)
+}

@@ -21,7 +21,7 @@ import (
 // Cluster is N local nodes with berth's binaries built and the test images imported.
 type Cluster struct {
 	Stack Stack
-	// BerthBin holds containerd-shim-berth-v2 and berthctl.
+	// BerthBin holds containerd-shim-berth-v2, berth-shim-helper and berthctl.
 	BerthBin string
 	// Nodes are the running nodes, node1..nodeN.
 	Nodes []*Node

@@ -99,7 +99,7 @@ type KubeCluster struct {
 	Dir   string
 	Stack Stack
 	Kube  KubeStack
-	// BerthBin holds containerd-shim-berth-v2 and berthctl.
+	// BerthBin holds containerd-shim-berth-v2, berth-shim-helper and berthctl.
 	BerthBin string
 	// Images maps the image refs imported on every node (namespace k8s.io) to their archives.
 	Images map[string]string

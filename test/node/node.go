@@ -29,8 +29,9 @@ type Options struct {
 	Dir string
 	// Stack is the installed real stack.
 	Stack Stack
-	// BerthBin is the directory holding containerd-shim-berth-v2 (and berthctl), put first in
-	// containerd's PATH so containerd starts berth's shim for runtime io.containerd.berth.v2.
+	// BerthBin is the directory holding containerd-shim-berth-v2 (and berth-shim-helper,
+	// berthctl), put first in containerd's PATH so containerd starts berth's shim for runtime
+	// io.containerd.berth.v2.
 	BerthBin string
 	// PodCIDR is the CNI bridge subnet for CRI pods, e.g. "10.88.71.0/24"; Bridge its bridge name.
 	PodCIDR, Bridge string

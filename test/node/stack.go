@@ -58,13 +58,14 @@ func RepoRoot() string {
 	return dir
 }
 
-// BuildBerth builds containerd-shim-berth-v2 and berthctl into dir with `go build`, returning dir.
+// BuildBerth builds containerd-shim-berth-v2, berth-shim-helper (which the shim runs beside
+// itself to pull from registries) and berthctl into dir with `go build`, returning dir.
 // Callers put dir first in a node's PATH so containerd finds the shim.
 func BuildBerth(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	for _, pkg := range []string{"./cmd/containerd-shim-berth-v2", "./cmd/berthctl"} {
+	for _, pkg := range []string{"./cmd/containerd-shim-berth-v2", "./cmd/berth-shim-helper", "./cmd/berthctl"} {
 		cmd := exec.Command("go", "build", "-o", dir+"/", pkg)
 		cmd.Dir = RepoRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {

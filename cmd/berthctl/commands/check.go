@@ -26,7 +26,9 @@ func CheckpointCheck(g *Globals) *cobra.Command {
 checks the node that containerd --on runs on (this host): the image with the checkpoint's digest
 in namespace -n, every bind source of the spec, the memory limit against the checkpoint's memory
 pages, free memory, namespaces joined by path, free disk under --root (default checkpoint_root of
---config) and the fingerprint (CRIU, kernel, CPU, runc, containerd). Each refusal names the
+--config), the fingerprint (CRIU, kernel, CPU, runc, containerd) and, with --gpu, the device
+memory free on this node's GPUs of the checkpoint's models (mapped as the shim will map them:
+each checkpointed GPU onto one with at least the memory the container held). Each refusal names the
 field, its value there and what the checkpoint needs; the exit status is non-zero when any.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -54,10 +56,14 @@ field, its value there and what the checkpoint needs; the exit status is non-zer
 				return err
 			}
 			defer c.Close()
-			perr := move.Preflight(ctx, move.Destination{
+			dst := move.Destination{
 				Client: c, Namespace: ns, Local: true, Root: root,
 				Fingerprint: func(ctx context.Context) (fingerprint.Fingerprint, error) { return n.fingerprint(ctx) },
-			}, need)
+			}
+			if n.gpu != nil {
+				dst.GPUs = n.gpu.Inventory()
+			}
+			perr := move.Preflight(ctx, dst, need)
 			var pe *move.PreflightError
 			if perr != nil && !errors.As(perr, &pe) {
 				return perr
@@ -71,7 +77,11 @@ field, its value there and what the checkpoint needs; the exit status is non-zer
 					return err
 				}
 			} else if res.OK {
-				fmt.Fprintf(cmd.OutOrStdout(), "ok: %s can be restored on %s (image, bind sources, memory, namespaces, disk, fingerprint)\n", args[0], on)
+				checked := "image, bind sources, memory, namespaces, disk, fingerprint"
+				if dst.GPUs != nil {
+					checked += ", GPU memory"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "ok: %s can be restored on %s (%s)\n", args[0], on, checked)
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "refused: %s cannot be restored on %s:\n", args[0], on)
 				for _, r := range res.Refusals {

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -28,6 +29,7 @@ func Migrate(g *Globals) *cobra.Command {
 		tf                                                            *tlsFlags
 		trust                                                         *trustFlags
 		output                                                        *format
+		nf                                                            nodeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate [--from SOCKET] --to SOCKET [-n NS] [--id ID] [--root DIR | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]] [-o text|json] CONTAINER",
@@ -77,14 +79,19 @@ resume-source). -o json prints them with the bytes sent and CRIU's dump statisti
 
 Before anything is paused, the destination is checked (the same preflight as 'berthctl checkpoint
 check'): the image with the source's digest, namespaces joined by path, the memory limit against
-the source's memory now and, when the destination is this host (no --receiver), every bind
-source, free memory, PIDs in a shared host PID namespace and free disk under --root. Each refusal
+the source's memory now and, on the destination node, every bind source, free memory, PIDs in
+a shared host PID namespace and free disk under --root (this host without --receiver; with
+--receiver the 'berthctl receive' there answers them; a receiver too old to answer is warned
+about and skipped). With --gpu (this host's GPUs), the device memory the source's processes hold
+on them is checked too: free on GPUs of the same models on the destination (this host's GPUs,
+or with --receiver the receiving node's, when its receive runs with --gpu). Each refusal
 names the field, its value and what the container needs. A failed move removes the checkpoint
 the in-process receiver wrote unless --keep-failed.
 
 The source holds a pause lease (--pause-lease, default 30s) from before it is paused until the
 move is decided, renewed while migrate runs: if migrate dies (SIGKILL included), berth's shim
-resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a paused source,
+resumes the source by itself when the lease ends, and removes the checkpoint it wrote into
+--work-dir (the source's memory). 'ctr -n NS tasks ls' shows a paused source,
 'ctr -n NS tasks resume ID' resumes it at once.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
@@ -159,11 +166,46 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 			if err != nil {
 				return err
 			}
-			if err := move.Preflight(ctx, move.Destination{Client: dst, Namespace: ns, Local: receiver == "", Root: root}, need); err != nil {
-				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
+			dstLocal := move.Destination{Client: dst, Namespace: ns, Local: receiver == "", Root: root}
+			h, err := nf.open()
+			if err != nil {
+				return err
+			}
+			// the fingerprint the checkpoint will be taken against, for the receiving node to
+			// compare (best effort: without CRIU here, the shim still compares at restore)
+			if fp, err := h.fingerprint(ctx); err == nil {
+				need.Fingerprint = &fp
+			}
+			if h.gpu != nil {
+				// this host's GPUs: what the source holds on them, and a destination on this host
+				if need.GPU, err = move.GPUNeedOfSource(h.gpu.Inventory(), need.PIDs); err != nil {
+					return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
+				}
+				dstLocal.GPUs = h.gpu.Inventory()
 			}
 			if name == "" {
 				name = fmt.Sprintf("%s-%s", id, time.Now().UTC().Format("20060102T150405Z"))
+			}
+			perr := move.Preflight(ctx, dstLocal, need)
+			var pe *move.PreflightError
+			if perr != nil && !errors.As(perr, &pe) {
+				return fmt.Errorf("migrate %s: nothing was paused: %w", id, perr)
+			}
+			var local, remote []move.Refusal
+			if pe != nil {
+				local = pe.Refusals
+			}
+			if receiver != "" {
+				// the host-only checks, answered by the receiving node (one connection of its own)
+				if remote, err = remotePreflight(ctx, receiver, tf, name, need); err != nil {
+					if !errors.Is(err, transfer.ErrNoPreflight) {
+						return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v: the receiving node's own checks (bind sources, free memory, PIDs, free disk, fingerprint, GPU memory) did not run\n", err)
+				}
+			}
+			if err := move.MergeRefusals(local, remote); err != nil {
+				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
 			}
 			if workDir == "" {
 				workDir = filepath.Join(os.TempDir(), "berth-migrate")
@@ -245,6 +287,7 @@ resumes the source by itself when the lease ends. 'ctr -n NS tasks ls' shows a p
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
 	f.DurationVar(&pauseLease, "pause-lease", move.DefaultPauseLease, "if this process dies mid-move, berth's shim resumes the paused source at most this long after its last renewal")
 	f.BoolVar(&keepFailed, "keep-failed", false, "keep the checkpoint received by the destination when the move fails (with the in-process receiver; a remote 'berthctl receive' keeps what it verified)")
+	nf.add(f)
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
 	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); lazy: post-copy, the destination resumes before the memory arrived, the pages follow on demand and in the background while the source stays frozen; stored: the whole checkpoint is written here, then sent")
 	f.BoolVar(&lazyFlag, "lazy", false, "the same as --mode lazy")

@@ -15,7 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/berth-dev/berth/cmd/berthctl/move"
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/transfer"
 )
 
@@ -73,6 +75,17 @@ func dialReceiver(ctx context.Context, addr string, t *tlsFlags) (net.Conn, erro
 		return nil, err
 	}
 	return conn, nil
+}
+
+// remotePreflight asks the receiver at addr (dialed like the transfer, with t's TLS) to check
+// need against its node (move.RemotePreflight) for the checkpoint name, and returns its refusals.
+func remotePreflight(ctx context.Context, addr string, t *tlsFlags, name string, need move.Need) ([]move.Refusal, error) {
+	conn, err := dialReceiver(ctx, addr, t)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return move.RemotePreflight(ctx, conn, name, need)
 }
 
 // Send is `berthctl send`.
@@ -156,6 +169,8 @@ type receiveEvent struct {
 	Path string `json:"path,omitempty"`
 	// Error says why a checkpoint was rejected.
 	Error string `json:"error,omitempty"`
+	// Answer is the answer to a preflight query (move.PreflightAnswer).
+	Answer json.RawMessage `json:"answer,omitempty"`
 }
 
 // Receive is `berthctl receive`, keeping what the trust policy of g's --config admits.
@@ -167,9 +182,10 @@ func Receive(g *Globals) *cobra.Command {
 		tf              *tlsFlags
 		trust           *trustFlags
 		output          *format
+		nf              nodeFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "receive [--root DIR] [--listen ADDR] [--tls-ca CA --tls-cert CERT --tls-key KEY [--allowed-peer NAME]...] [-o text|json]",
+		Use:   "receive [--root DIR] [--listen ADDR] [--tls-ca CA --tls-cert CERT --tls-key KEY [--allowed-peer NAME]...] [--gpu cuda|fake] [-o text|json]",
 		Short: "Receive checkpoints into a checkpoint root; only verified, trusted checkpoints are kept, nothing is restored",
 		Long: `receive listens for 'berthctl send' and 'berthctl migrate --receiver' and writes each checkpoint into
 --root (default: checkpoint_root of --config) once every file's digest matches its berth.json and
@@ -182,8 +198,12 @@ DNS, IP or URI subject alternative name, or the common name). A peer that does n
 handshake within 3 s loses its slot; a whole transfer is bounded by --transfer-timeout; a
 checkpoint that does not fit the free space (with 1 GiB to spare) is refused before it is written;
 a sender beyond 4 at once is answered busy.
+It also answers 'berthctl migrate --receiver' before the source is paused: the checks that need
+this node (every bind source, free memory, PIDs in a shared host PID namespace, free disk under
+--root, the fingerprint when the query carries one and, with --gpu, device memory free on GPUs of
+the container's models), each refusal naming the field, its value here and what is needed.
 It reports on stderr where it listens and each checkpoint received or rejected; -o json reports
-the same on stdout, one JSON object a line ({"event": "listening"|"received"|"rejected", ...}).`,
+the same on stdout, one JSON object a line ({"event": "listening"|"received"|"rejected"|"preflight", ...}).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -219,8 +239,27 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 				_, err := verifyCheckpoint(ctx, policy, dir, &lockedWriter{mu: &mu, w: cmd.ErrOrStderr()})
 				return err
 			}
+			n, err := nf.open()
+			if err != nil {
+				return err
+			}
+			here := move.Destination{Local: true, Root: root,
+				Fingerprint: func(ctx context.Context) (fingerprint.Fingerprint, error) { return n.fingerprint(ctx) }}
+			if n.gpu != nil {
+				here.GPUs = n.gpu.Inventory()
+			}
 			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout,
+				Preflight: func(ctx context.Context, q json.RawMessage) (json.RawMessage, error) {
+					a, err := move.AnswerPreflight(ctx, here, q)
+					if err == nil {
+						report(receiveEvent{Event: "preflight", Answer: a}, "answered a preflight query: %s\n", a)
+					}
+					return a, err
+				},
 				OnDone: func(remote net.Addr, path string, err error) {
+					if err == nil && path == "" { // a preflight query (reported above) or a page stream
+						return
+					}
 					if err != nil {
 						report(receiveEvent{Event: "rejected", From: remote.String(), Error: err.Error()}, "rejected a checkpoint from %s: %v\n", remote, err)
 						return
@@ -257,6 +296,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 	f.DurationVar(&transferTimeout, "transfer-timeout", 0, "bound on one whole transfer, handshake to verdict (0: 30m)")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, false, true)
+	nf.add(f)
 	output = addFormat(f, formatText, formatJSON)
 	return cmd
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,29 +24,37 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/devicemap"
+	"github.com/berth-dev/berth/gpu/topology"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
+	"github.com/berth-dev/berth/oci/transfer"
 )
 
 // Need is what restoring one container asks of its destination node: read from a checkpoint
 // (NeedOfCheckpoint) or, before a move pauses anything, from the running source container
-// (NeedOfSource).
+// (NeedOfSource). Its JSON is the preflight query a remote receiver answers (RemotePreflight).
 type Need struct {
 	// Image and ImageDigest are the container's image and its digest ("" when unknown).
-	Image, ImageDigest string
+	Image       string `json:"image,omitempty"`
+	ImageDigest string `json:"imageDigest,omitempty"`
 	// Spec is the container's spec (bind mounts, memory limit, namespaces); nil when unknown.
-	Spec *specs.Spec
+	Spec *specs.Spec `json:"spec,omitempty"`
 	// MemoryBytes is the memory its processes hold: the checkpoint's pages, or the source's
 	// current usage.
-	MemoryBytes int64
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
 	// DiskBytes is what the checkpoint takes on the destination's disk.
-	DiskBytes int64
+	DiskBytes int64 `json:"diskBytes,omitempty"`
 	// PIDs are its processes' PIDs (needed free on the destination when the container shares
 	// the host's PID namespace).
-	PIDs []int
+	PIDs []int `json:"pids,omitempty"`
 	// Fingerprint is the fingerprint it was (or would be) taken against; nil: not compared.
-	Fingerprint *fingerprint.Fingerprint
+	Fingerprint *fingerprint.Fingerprint `json:"fingerprint,omitempty"`
+	// GPU is the container's GPUs (model, device memory it holds on each, links between them),
+	// as the checkpoint's manifest records them; nil: none, or unknown.
+	GPU *checkpoint.GPUState `json:"gpu,omitempty"`
 }
 
 // Destination is what the preflight reads of the destination node.
@@ -63,6 +72,10 @@ type Destination struct {
 	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
 	// ProcRoot is /proc (a test seam); "" means /proc.
 	ProcRoot string
+	// GPUs is the destination node's GPU inventory (model, device memory total and used, links):
+	// with Local, a checkpoint's GPUs must fit on GPUs of their models with enough free memory
+	// (gpu/devicemap, as the shim will map them). nil skips the check.
+	GPUs gpu.Inventory
 }
 
 // Refusal is one reason a destination cannot take a container: which field, its value there,
@@ -105,7 +118,8 @@ func (e *PreflightError) Unwrap() error { return ErrPreflight }
 
 // Preflight checks, before the source is paused, that the destination can restore need: the
 // image (same digest), every bind source, the memory limit against the memory the container
-// holds, free memory, PID namespace, fingerprint (CRIU, kernel, CPU...) and free disk. It returns
+// holds, free memory, PID namespace, fingerprint (CRIU, kernel, CPU...), free disk and free
+// device memory on GPUs of the checkpoint's models (gpuRefusals). It returns
 // nil, a *PreflightError naming each refused field with its value and the limit, or the error of
 // a check that could not run.
 func Preflight(ctx context.Context, dst Destination, need Need) error {
@@ -182,6 +196,13 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 			refuse("free disk under "+dst.Root, strconv.FormatInt(free, 10)+" bytes", ">= "+strconv.FormatInt(need.DiskBytes, 10)+" bytes", "free disk on the destination")
 		}
 	}
+	if need.GPU != nil && len(need.GPU.Devices) > 0 && dst.GPUs != nil {
+		r, err := gpuRefusals(need.GPU, dst.GPUs)
+		if err != nil {
+			return err
+		}
+		refusals = append(refusals, r...)
+	}
 	if need.Fingerprint != nil && dst.Fingerprint != nil {
 		node, err := dst.Fingerprint(ctx)
 		if err != nil {
@@ -194,6 +215,67 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 		}
 	}
 	return result(refusals)
+}
+
+// PreflightAnswer is a receiving node's answer to a preflight query: the refusals of its
+// host-only checks (none: it can take the container).
+type PreflightAnswer struct {
+	Refusals []Refusal `json:"refusals"`
+}
+
+// AnswerPreflight is the receiving node's side of a remote preflight (berthctl receive wires it
+// as transfer.Receiver.Preflight): query is a Need's JSON, checked against this node (dst,
+// whose Local must be set; with no Client, the image is left to the sender, which checks it
+// with the destination's containerd). It returns a PreflightAnswer's JSON. Errors: a query that
+// is not a Need (wrapping transfer.ErrProtocol), or a check that could not run.
+func AnswerPreflight(ctx context.Context, dst Destination, query json.RawMessage) (json.RawMessage, error) {
+	var need Need
+	if err := json.Unmarshal(query, &need); err != nil {
+		return nil, fmt.Errorf("%w: preflight query: %w", transfer.ErrProtocol, err)
+	}
+	a := PreflightAnswer{Refusals: []Refusal{}}
+	err := Preflight(ctx, dst, need)
+	var pe *PreflightError
+	switch {
+	case errors.As(err, &pe):
+		a.Refusals = pe.Refusals
+	case err != nil:
+		return nil, err
+	}
+	return json.Marshal(a)
+}
+
+// RemotePreflight asks the berth receiver on conn (dialed, not yet greeted; one query per
+// connection, closed by the caller) to check need against its node before anything is paused,
+// naming the checkpoint name the move will send. It returns the receiver's refusals (none: it
+// can take the container). Errors: transfer.QueryPreflight's, transfer.ErrNoPreflight among
+// them when the receiver gives no answer (an older receiver: its checks are then not run), or
+// an answer that is not a PreflightAnswer (transfer.ErrProtocol).
+func RemotePreflight(ctx context.Context, conn net.Conn, name string, need Need) ([]Refusal, error) {
+	raw, err := transfer.QueryPreflight(ctx, conn, name, need)
+	if err != nil {
+		return nil, err
+	}
+	var a PreflightAnswer
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, fmt.Errorf("%w: preflight answer of %s: %w", transfer.ErrProtocol, conn.RemoteAddr(), err)
+	}
+	return a.Refusals, nil
+}
+
+// MergeRefusals returns a followed by those of b that a lacks (the same String), as one error
+// (nil for none): the refusals of this host's checks and of a remote receiver's, which repeat the
+// checks that need no host.
+func MergeRefusals(a, b []Refusal) error {
+	seen := map[string]bool{}
+	var out []Refusal
+	for _, r := range append(append([]Refusal{}, a...), b...) {
+		if !seen[r.String()] {
+			seen[r.String()] = true
+			out = append(out, r)
+		}
+	}
+	return result(out)
 }
 
 func result(refusals []Refusal) error {
@@ -249,6 +331,41 @@ func NeedOfSource(ctx context.Context, c *containerd.Client, ns, id string) (Nee
 	return n, nil
 }
 
+// GPUNeedOfSource is the device memory the processes pids (host PIDs: a source container's
+// task) hold on the GPUs of inv (the source node's inventory), as a checkpoint would record it:
+// one device per GPU on which they hold memory, in the inventory's order, with its model and the
+// bytes held (no links). It returns nil when they hold none, or when inv cannot tell
+// (gpu.ErrUnsupported: the shim's checkpoint then records none either). Errors: the inventory's.
+func GPUNeedOfSource(inv gpu.Inventory, pids []int) (*checkpoint.GPUState, error) {
+	held := map[string]uint64{}
+	for _, pid := range pids {
+		m, err := inv.ProcessMemory(pid)
+		if errors.Is(err, gpu.ErrUnsupported) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("device memory of pid %d: %w", pid, err)
+		}
+		for uuid, b := range m {
+			held[uuid] += b
+		}
+	}
+	if len(held) == 0 {
+		return nil, nil
+	}
+	devs, err := inv.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("GPUs of the source: %w", err)
+	}
+	st := &checkpoint.GPUState{}
+	for _, d := range devs {
+		if b := held[d.UUID]; b > 0 {
+			st.Devices = append(st.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, MemoryUsed: b})
+		}
+	}
+	return st, nil
+}
+
 // NeedOfCheckpoint is what the checkpoint at path (a directory, or a tar archive of one, gzip
 // or not) needs of a destination: from its berth.json (image, memory pages, fingerprint, size)
 // and spec.dump.
@@ -278,6 +395,7 @@ func NeedOfCheckpoint(p string) (Need, error) {
 	}
 	fp := m.Fingerprint
 	n.Fingerprint = &fp
+	n.GPU = m.GPU
 	if b := files[checkpoint.SpecFile]; b != nil {
 		var sp specs.Spec
 		if err := json.Unmarshal(b, &sp); err != nil {
@@ -371,4 +489,65 @@ func memAvailable(proc string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no MemAvailable in %s/meminfo", proc)
+}
+
+// gpuRefusals checks that the checkpoint's GPUs (st) fit on the destination's GPUs (inv) as the
+// shim will map them (devicemap.Choose: a GPU of the same model with at least the device memory
+// the container held on it free, each GPU used once). It returns nil when they fit, else one
+// refusal per checkpointed GPU that no GPU of its model could take alone (the model missing, or
+// the most free memory of its model's GPUs too small), or one for the set when each fits alone
+// but not all together. The error is the inventory's.
+func gpuRefusals(st *checkpoint.GPUState, inv gpu.Inventory) ([]Refusal, error) {
+	devs, err := inv.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("GPUs of the destination: %w", err)
+	}
+	var topo *topology.Topology
+	if t, ok := inv.(gpu.Topologist); ok {
+		topo, _ = t.Topology() // unknown: mapped by model and memory alone
+	}
+	_, err = devicemap.Choose(devicemap.ForCheckpoint(st, devs, topo))
+	if err == nil {
+		return nil, nil
+	}
+	if !errors.Is(err, devicemap.ErrNoFit) {
+		return nil, fmt.Errorf("device map onto the destination's GPUs: %w", err)
+	}
+	var out []Refusal
+	for i, src := range st.Devices {
+		var best *gpu.Device
+		for j := range devs {
+			if devs[j].Name == src.Name && (best == nil || devs[j].MemoryFree() > best.MemoryFree()) {
+				best = &devs[j]
+			}
+		}
+		switch {
+		case best == nil:
+			out = append(out, Refusal{Field: fmt.Sprintf("gpu[%d] model", i), Value: "no " + src.Name + " (" + describeGPUs(devs) + ")",
+				Limit: src.Name + " (as " + src.UUID + " on the source)", Fix: "restore on a node with a GPU of that model"})
+		case best.MemoryFree() < src.MemoryUsed:
+			out = append(out, Refusal{Field: fmt.Sprintf("gpu[%d] device memory free (%s)", i, src.Name),
+				Value: fmt.Sprintf("%d bytes at most, on %s (%d of %d bytes used)", best.MemoryFree(), best.UUID, best.MemoryUsed, best.MemoryTotal),
+				Limit: fmt.Sprintf(">= %d bytes (what the container held on %s)", src.MemoryUsed, src.UUID),
+				Fix:   "free device memory on the destination's GPUs, or restore where a GPU of that model has it free"})
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, Refusal{Field: "gpus", Value: describeGPUs(devs),
+			Limit: fmt.Sprintf("%d GPUs of their models, each with the device memory free that the container held on its GPU", len(st.Devices)),
+			Fix:   "free device memory on the destination's GPUs, or restore on a node with more of them"})
+	}
+	return out, nil
+}
+
+// describeGPUs lists devs as "UUID MODEL (FREE bytes free)", comma-separated; "no GPUs" when empty.
+func describeGPUs(devs []gpu.Device) string {
+	if len(devs) == 0 {
+		return "no GPUs"
+	}
+	parts := make([]string, len(devs))
+	for i, d := range devs {
+		parts[i] = fmt.Sprintf("%s %s (%d bytes free)", d.UUID, d.Name, d.MemoryFree())
+	}
+	return strings.Join(parts, ", ")
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
@@ -96,5 +98,99 @@ func TestNeedOfCheckpoint(t *testing.T) {
 			n.Spec == nil || len(n.Spec.Mounts) != 1 || n.Fingerprint == nil {
 			t.Errorf("%s: %+v", p, n)
 		}
+	}
+}
+
+// gpuInventory is a destination's GPUs for TestPreflightGPUMemory.
+type gpuInventory []gpu.Device
+
+func (g gpuInventory) Devices() ([]gpu.Device, error)               { return g, nil }
+func (g gpuInventory) Versions() (gpu.Versions, error)              { return gpu.Versions{}, nil }
+func (g gpuInventory) ProcessMemory(int) (map[string]uint64, error) { return nil, nil }
+
+// TestPreflightGPUMemory: a checkpoint's GPUs must fit on the destination's GPUs of their model
+// with the device memory the container held free; each refusal names the GPU, the most free
+// memory there and what the container held.
+func TestPreflightGPUMemory(t *testing.T) {
+	const gib = 1 << 30
+	dev := func(i int, name string, used uint64) gpu.Device {
+		return gpu.Device{Index: i, UUID: "GPU-d" + string(rune('0'+i)), Name: name, MemoryTotal: 16 * gib, MemoryUsed: used}
+	}
+	st := func(used ...uint64) *checkpoint.GPUState {
+		s := &checkpoint.GPUState{}
+		for i, u := range used {
+			s.Devices = append(s.Devices, checkpoint.GPUDevice{UUID: "GPU-s" + string(rune('0'+i)), Name: "H200", MemoryTotal: 16 * gib, MemoryUsed: u})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		gpus *checkpoint.GPUState
+		devs gpuInventory
+		want []string // nil: accepted
+	}{
+		{"fits", st(8 * gib), gpuInventory{dev(0, "H200", 12*gib), dev(1, "H200", 1*gib)}, nil},
+		{"full", st(8 * gib), gpuInventory{dev(0, "H200", 16*gib), dev(1, "H200", 12*gib)},
+			[]string{"gpu[0] device memory free (H200) is 4294967296 bytes at most, on GPU-d1 (12884901888 of 17179869184 bytes used), needs >= 8589934592 bytes (what the container held on GPU-s0)"}},
+		{"model", st(1), gpuInventory{dev(0, "A100", 0)}, []string{"gpu[0] model is no H200 (GPU-d0 A100 (17179869184 bytes free)), needs H200 (as GPU-s0 on the source)"}},
+		{"not together", st(8*gib, 8*gib), gpuInventory{dev(0, "H200", 0), dev(1, "H200", 12*gib)},
+			[]string{"gpus is GPU-d0 H200 (17179869184 bytes free), GPU-d1 H200 (4294967296 bytes free), needs 2 GPUs of their models"}},
+	} {
+		err := Preflight(t.Context(), Destination{Local: true, GPUs: tc.devs}, Need{GPU: tc.gpus})
+		if tc.want == nil {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		var pe *PreflightError
+		if !errors.As(err, &pe) {
+			t.Errorf("%s: Preflight = %v, want a PreflightError", tc.name, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v\ndoes not say %q", tc.name, err, w)
+			}
+		}
+	}
+	// a remote destination's GPUs are not this host's: not checked here
+	if err := Preflight(t.Context(), Destination{GPUs: gpuInventory{}}, Need{GPU: st(1)}); err != nil {
+		t.Errorf("remote: %v", err)
+	}
+}
+
+// heldInventory is a source node's GPUs whose processes hold device memory (host PID -> UUID ->
+// bytes), or cannot tell (unsupported).
+type heldInventory struct {
+	gpuInventory
+	held        map[int]map[string]uint64
+	unsupported bool
+}
+
+func (h heldInventory) ProcessMemory(pid int) (map[string]uint64, error) {
+	if h.unsupported {
+		return nil, gpu.ErrUnsupported
+	}
+	return h.held[pid], nil
+}
+
+// TestGPUNeedOfSource: the device memory a source's processes hold, summed per GPU in the
+// inventory's order, with the GPU's model; nothing when they hold none or the inventory cannot
+// tell.
+func TestGPUNeedOfSource(t *testing.T) {
+	devs := gpuInventory{{Index: 0, UUID: "GPU-a", Name: "H200", MemoryTotal: 100}, {Index: 1, UUID: "GPU-b", Name: "H200", MemoryTotal: 100}}
+	inv := heldInventory{gpuInventory: devs, held: map[int]map[string]uint64{7: {"GPU-b": 10}, 8: {"GPU-b": 5, "GPU-a": 1}}}
+	st, err := GPUNeedOfSource(inv, []int{7, 8, 9})
+	want := []checkpoint.GPUDevice{{UUID: "GPU-a", Name: "H200", MemoryTotal: 100, MemoryUsed: 1}, {UUID: "GPU-b", Name: "H200", MemoryTotal: 100, MemoryUsed: 15}}
+	if err != nil || st == nil || !reflect.DeepEqual(st.Devices, want) {
+		t.Errorf("GPUNeedOfSource = %+v, %v", st, err)
+	}
+	if st, err := GPUNeedOfSource(inv, []int{9}); st != nil || err != nil {
+		t.Errorf("no device memory held: %+v, %v", st, err)
+	}
+	inv.unsupported = true
+	if st, err := GPUNeedOfSource(inv, []int{7}); st != nil || err != nil {
+		t.Errorf("per-process memory unsupported: %+v, %v", st, err)
 	}
 }

@@ -1,4 +1,4 @@
-package criu
+package images
 
 import (
 	"encoding/binary"
@@ -18,10 +18,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protodesc"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/descriptorpb"
-	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // ErrBadImage is wrapped by ReadProcesses's errors for an image file that is not what CRIU
@@ -280,54 +276,58 @@ func capSet(words []uint32) (privilege.CapSet, error) {
 	return s, nil
 }
 
-// credsTailDesc describes the creds_entry fields CRIU 4.x writes that go-criu v7's
-// creds.proto predates (CRIU 4.2.1 images/creds.proto: "optional uint32 no_new_privs = 18;
-// repeated uint32 cap_amb = 19;"). go-criu keeps them as unknown fields of its CredsEntry and
-// the protobuf runtime decodes those against this descriptor. (go-criu v8 has the fields but
-// registers the same proto files as v7, whose rpc and stats this package links.)
-var credsTailDesc = func() protoreflect.MessageDescriptor {
-	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
-		Name:    proto.String("berth/criu/creds_tail.proto"),
-		Package: proto.String("berth.criu"),
-		Syntax:  proto.String("proto2"),
-		MessageType: []*descriptorpb.DescriptorProto{{
-			Name: proto.String("creds_tail"),
-			Field: []*descriptorpb.FieldDescriptorProto{
-				{Name: proto.String("no_new_privs"), Number: proto.Int32(18),
-					Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_UINT32.Enum()},
-				{Name: proto.String("cap_amb"), Number: proto.Int32(19),
-					Label: descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_UINT32.Enum()},
-			},
-		}},
-	}, nil)
-	if err != nil {
-		panic("criu: creds_tail descriptor: " + err.Error()) // a constant; covered by every test
-	}
-	return fd.Messages().Get(0)
-}()
+// The creds_entry fields CRIU 4.x writes that go-criu v7's creds.proto predates (CRIU 4.2.1
+// images/creds.proto: "optional uint32 no_new_privs = 18; repeated uint32 cap_amb = 19;"). go-criu
+// keeps them as unknown fields of its CredsEntry. (go-criu v8 has the fields but registers the
+// same proto files as v7, whose rpc and stats this package links.)
+const (
+	credsNoNewPrivs protowire.Number = 18
+	credsCapAmb     protowire.Number = 19
+)
 
-// credsTail decodes no_new_privs and cap_amb from a CredsEntry's unknown fields. Any other
-// unknown field is an error: a CRIU newer than this reader may record credentials it would
-// restore and this reader would not check.
+// credsTail decodes no_new_privs and cap_amb from a CredsEntry's unknown fields with protowire,
+// as the protobuf runtime decodes proto2 fields: no_new_privs is a varint (the last one wins),
+// cap_amb varints, one per field or packed. Any other field, or one of the two with another wire
+// type, is an error: a CRIU newer than this reader may record credentials it would restore and
+// this reader would not check. (A hand-written decoder rather than a dynamicpb message over a
+// built descriptor: that descriptor was built at package init, and protodesc and dynamicpb
+// are linked into every container's shim only for these two fields.)
 func credsTail(unknown []byte) (nnp bool, amb []uint32, err error) {
-	if len(unknown) == 0 {
-		return false, nil, nil
-	}
-	m := dynamicpb.NewMessage(credsTailDesc)
-	if err := proto.Unmarshal(unknown, m); err != nil {
-		return false, nil, err
-	}
-	// Anything left is a field neither go-criu nor this reader knows, or one of the two with
-	// another wire type: credentials this reader cannot account for.
-	if rest := m.ProtoReflect().GetUnknown(); len(rest) > 0 {
-		num, typ, _ := protowire.ConsumeTag(rest)
-		return false, nil, fmt.Errorf("creds field %d (wire type %d) not understood", num, typ)
-	}
-	fields := credsTailDesc.Fields()
-	nnp = m.Get(fields.ByNumber(18)).Uint() != 0
-	list := m.Get(fields.ByNumber(19)).List()
-	for i := range list.Len() {
-		amb = append(amb, uint32(list.Get(i).Uint()))
+	for b := unknown; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == credsNoNewPrivs && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return false, nil, protowire.ParseError(n)
+			}
+			b, nnp = b[n:], uint32(v) != 0
+		case num == credsCapAmb && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return false, nil, protowire.ParseError(n)
+			}
+			b, amb = b[n:], append(amb, uint32(v))
+		case num == credsCapAmb && typ == protowire.BytesType:
+			packed, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return false, nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			for len(packed) > 0 {
+				v, k := protowire.ConsumeVarint(packed)
+				if k < 0 {
+					return false, nil, protowire.ParseError(k)
+				}
+				packed, amb = packed[k:], append(amb, uint32(v))
+			}
+		default:
+			return false, nil, fmt.Errorf("creds field %d (wire type %d) not understood", num, typ)
+		}
 	}
 	return nnp, amb, nil
 }

@@ -1,4 +1,4 @@
-package criu
+package images
 
 import (
 	"bufio"
@@ -22,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/berth-dev/berth/criu/internal/criutest"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
@@ -464,13 +465,13 @@ func procStatus(t *testing.T, pid, tid int) privilege.Process {
 // ReadProcesses returns, thread by thread, the credentials /proc showed before the dump.
 // With -update-images it stores the dumps' pstree and core images as fixtures.
 func TestReadProcessesLive(t *testing.T) {
-	criu := criuPath(t)
+	criu := criutest.Path(t)
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "criu dump needs root")
+		criutest.SkipOrFail(t, "criu dump needs root")
 	}
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		skipOrFail(t, "setpriv (util-linux) not found")
+		criutest.SkipOrFail(t, "setpriv (util-linux) not found")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -546,7 +547,7 @@ func TestReadProcessesLive(t *testing.T) {
 			dump := exec.CommandContext(ctx, criu, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--shell-job", "-o", "dump.log")
 			if out, err := dump.CombinedOutput(); err != nil {
 				log, _ := os.ReadFile(filepath.Join(dir, "dump.log"))
-				t.Fatalf("criu dump: %v\n%s\ndump.log tail:\n%s", err, out, tail(log, 2000))
+				t.Fatalf("criu dump: %v\n%s\ndump.log tail:\n%s", err, out, criutest.Tail(log, 2000))
 			}
 			got, err := ReadProcesses(dir)
 			if err != nil {
@@ -652,5 +653,48 @@ func TestReadProcessesSeccompTSync(t *testing.T) {
 				t.Fatalf("seccomp by thread = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestCredsTail decodes the two creds fields go-criu v7 does not know the way the protobuf
+// runtime does: cap_amb one per field or packed, the last no_new_privs winning, and refuses
+// anything else, including data cut short.
+func TestCredsTail(t *testing.T) {
+	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte {
+		return protowire.AppendTag(b, num, typ)
+	}
+	var unpacked, packed, twice, cut []byte
+	unpacked = protowire.AppendVarint(tag(unpacked, 18, protowire.VarintType), 1)
+	unpacked = protowire.AppendVarint(tag(unpacked, 19, protowire.VarintType), 12)
+	unpacked = protowire.AppendVarint(tag(unpacked, 19, protowire.VarintType), 21)
+	packed = protowire.AppendBytes(tag(packed, 19, protowire.BytesType), protowire.AppendVarint(protowire.AppendVarint(nil, 12), 21))
+	twice = protowire.AppendVarint(tag(twice, 18, protowire.VarintType), 1)
+	twice = protowire.AppendVarint(tag(twice, 18, protowire.VarintType), 0)
+	cut = tag(cut, 19, protowire.BytesType)
+	cut = append(cut, 5, 1)
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		nnp  bool
+		amb  []uint32
+		err  string
+	}{
+		{name: "none"},
+		{name: "unpacked", in: unpacked, nnp: true, amb: []uint32{12, 21}},
+		{name: "packed", in: packed, amb: []uint32{12, 21}},
+		{name: "last no_new_privs wins", in: twice},
+		{name: "cut short", in: cut, err: "unexpected EOF"},
+		{name: "cap_amb as a fixed32", in: protowire.AppendFixed32(tag(nil, 19, protowire.Fixed32Type), 1), err: "creds field 19 (wire type 5) not understood"},
+	} {
+		nnp, amb, err := credsTail(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v; want an error containing %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || nnp != tc.nnp || !slices.Equal(amb, tc.amb) {
+			t.Errorf("%s: nnp %v amb %v err %v; want %v %v", tc.name, nnp, amb, err, tc.nnp, tc.amb)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package criu
+package images
 
 import (
 	"errors"

@@ -1,0 +1,37 @@
+// Command berth-shim-helper does, for containerd-shim-berth-v2, the work whose code the shim does
+// not keep loaded in every container's shim process: resolving a tag and pulling a checkpoint
+// from a registry for a berth.dev/restore-from=oci://... restore (package oci/registry), and
+// reading the credentials of a checkpoint's processes from its CRIU images at restore (package
+// criu/images). The shim runs it once per request, as `berth-shim-helper serve`, with the
+// request as JSON on standard input and the answer as JSON on standard output (package
+// shim/helper). Install it
+// beside containerd-shim-berth-v2 (or anywhere in containerd's PATH); it is not meant to be run
+// by hand.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/berth-dev/berth/shim/helper"
+	"github.com/berth-dev/berth/shim/helper/serve"
+)
+
+func main() {
+	if len(os.Args) != 2 || os.Args[1] != helper.Command {
+		fmt.Fprintf(os.Stderr, "usage: %s %s < request.json (run by containerd-shim-berth-v2, not by hand)\n", helper.Name, helper.Command)
+		os.Exit(2)
+	}
+	os.Exit(run())
+}
+
+// run answers the one request on standard input. The shim stops a canceled request with
+// SIGTERM: the context ends and a pull removes what it staged.
+func run() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return helper.Serve(ctx, os.Stdin, os.Stdout, serve.Handlers())
+}

@@ -1,0 +1,43 @@
+// Package serve is berth-shim-helper's work: Handlers serve the shim's requests (package
+// shim/helper) with package oci/registry (resolve, pull) and package criu/images (the
+// credentials in a CRIU images directory). It is apart from package helper so that the shim
+// links the protocol but neither the registry client nor go-criu's image bindings;
+// cmd/berth-shim-helper and the shim's tests (which serve the helper's requests in their own
+// process) use it.
+package serve
+
+import (
+	"context"
+
+	"github.com/berth-dev/berth/criu/images"
+	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/shim/helper"
+)
+
+// Handlers returns the helper's handlers: Resolve is registry.Resolve (the manifest's digest,
+// "sha256:<hex>"), Pull is registry.Pull, both with the request's registry options (plain HTTP,
+// Docker config, limits); ReadProcesses is images.ReadProcesses. Their errors are those
+// packages'.
+func Handlers() helper.Handlers {
+	return helper.Handlers{
+		Resolve: func(ctx context.Context, ref string, o helper.RegistryOptions) (string, error) {
+			desc, err := registry.Resolve(ctx, ref, options(o))
+			if err != nil {
+				return "", err
+			}
+			return desc.Digest.String(), nil
+		},
+		Pull: func(ctx context.Context, ref, dir string, o helper.RegistryOptions) error {
+			return registry.Pull(ctx, ref, dir, options(o))
+		},
+		ReadProcesses: func(_ context.Context, dir string) ([]privilege.Process, error) {
+			return images.ReadProcesses(dir)
+		},
+	}
+}
+
+// options are registry.Options for the shim's RegistryOptions.
+func options(o helper.RegistryOptions) registry.Options {
+	return registry.Options{PlainHTTP: o.PlainHTTP, DockerConfig: o.DockerConfig, Limits: o.Limits}
+}
