@@ -237,7 +237,9 @@ func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn 
 }
 
 // serveLazy waits for checkpoint name in root, runs the lazy-pages daemon for it, says ready
-// and relays until the daemon exits; it removes the daemon's directory and the checkpoint.
+// and relays until the daemon exits; once it started serving (a PostCopy checkpoint whose daemon
+// directory it created), it removes the daemon's directory and the checkpoint, however the stream
+// ends. A checkpoint of another mode, or one another stream serves, is refused and left as it is.
 func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string, say func(error) error) (retErr error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
@@ -263,15 +265,9 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 		case <-time.After(lazyPoll):
 		}
 	}
-	defer func() {
-		// it holds no memory: restored once, or never, it cannot be restored again
-		if err := os.RemoveAll(final); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-		if err := checkpoint.RemoveStamp(final); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-	}()
+	// Only a stream that serves the checkpoint removes it: one that names a checkpoint taken in
+	// another mode, or one whose daemon another stream runs, must leave it (any peer may name
+	// any checkpoint of the root).
 	m, err := checkpoint.ReadManifest(final)
 	if err != nil {
 		return err
@@ -286,6 +282,15 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 		}
 		return err
 	}
+	defer func() {
+		// it holds no memory: restored once, or never, it cannot be restored again
+		if err := os.RemoveAll(final); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+		if err := checkpoint.RemoveStamp(final); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
 	defer os.RemoveAll(dir)
 	ours, theirs, err := loopbackPair()
 	if err != nil {
