@@ -8,22 +8,26 @@ import (
 	"strings"
 )
 
-// rootPeer reports whether the other end of c, a TCP connection on 127.0.0.1, is a socket owned
-// by root (uid 0 in /proc/net/tcp): the shim's CRIU, not another local user racing it to the
-// relay's port.
+// rootPeer reports whether the other end of c, a TCP connection on this host's loopback, is a
+// socket owned by root (uid 0 in /proc/net/tcp, or /proc/net/tcp6 for IPv6): the shim's CRIU or
+// a root sender, not another local user. False for anything it cannot find there.
 func rootPeer(c net.Conn) bool {
 	ra, ok1 := c.RemoteAddr().(*net.TCPAddr)
 	la, ok2 := c.LocalAddr().(*net.TCPAddr)
 	if !ok1 || !ok2 {
 		return false
 	}
-	f, err := os.Open("/proc/net/tcp")
+	table := "/proc/net/tcp"
+	if ra.IP.To4() == nil || la.IP.To4() == nil {
+		table = "/proc/net/tcp6"
+	}
+	f, err := os.Open(table)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
 	// the peer's socket: local address = c's remote, remote address = c's local
-	want := fmt.Sprintf("%08X:%04X %08X:%04X", hostOrderIPv4(ra.IP), ra.Port, hostOrderIPv4(la.IP), la.Port)
+	want := procAddr(ra.IP, ra.Port, table) + " " + procAddr(la.IP, la.Port, table)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -37,11 +41,19 @@ func rootPeer(c net.Conn) bool {
 	return false
 }
 
-// hostOrderIPv4 is ip as /proc/net/tcp prints it (little-endian hosts).
-func hostOrderIPv4(ip net.IP) uint32 {
-	v4 := ip.To4()
-	if v4 == nil {
-		return 0
+// procAddr is ip:port as the table (/proc/net/tcp or tcp6) prints it: each 32-bit word of the
+// address in host order (little-endian hosts), then the port, in upper-case hex.
+func procAddr(ip net.IP, port int, table string) string {
+	b := ip.To4()
+	if strings.HasSuffix(table, "6") {
+		b = ip.To16()
 	}
-	return uint32(v4[3])<<24 | uint32(v4[2])<<16 | uint32(v4[1])<<8 | uint32(v4[0])
+	if b == nil {
+		return ""
+	}
+	var s strings.Builder
+	for i := 0; i+4 <= len(b); i += 4 {
+		fmt.Fprintf(&s, "%08X", uint32(b[i+3])<<24|uint32(b[i+2])<<16|uint32(b[i+1])<<8|uint32(b[i]))
+	}
+	return fmt.Sprintf("%s:%04X", s.String(), port)
 }

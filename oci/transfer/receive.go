@@ -161,7 +161,8 @@ var (
 	ErrNoSpace = errors.New("not enough free space for the checkpoint")
 	// ErrDeadline: the connection outlived HandshakeTimeout, HeaderTimeout or TransferTimeout.
 	ErrDeadline = errors.New("transfer deadline exceeded")
-	// ErrPeerNotAllowed: the peer's certificate names none of AllowedPeers, or it has none.
+	// ErrPeerNotAllowed: the peer's certificate names none of AllowedPeers, or it has none; or,
+	// on a receiver listening without TLS (Listen), the peer's socket is not root's.
 	ErrPeerNotAllowed = errors.New("peer not allowed")
 )
 
@@ -272,11 +273,16 @@ func (r *Receiver) handshakeTimeout() time.Duration {
 	return DefaultHandshakeTimeout
 }
 
-// handshakeTLS completes conn's TLS handshake by deadline when conn is a *tls.Conn; it does
-// nothing for a plain connection. A peer that sent nothing at all, most likely a berth sender
-// without TLS waiting for the greeting, is told in plain text that TLS is required (over a
-// Listen listener, which records that).
+// handshakeTLS completes conn's TLS handshake by deadline when conn is a *tls.Conn. A plain
+// connection that Listen accepted from a socket not owned by root is refused (told so, then
+// ErrPeerNotAllowed); other plain connections pass. A peer that sent nothing at all, most likely
+// a berth sender without TLS waiting for the greeting, is told in plain text that TLS is required
+// (over a Listen listener, which records that).
 func (r *Receiver) handshakeTLS(conn net.Conn, deadline time.Time) error {
+	if pc, ok := conn.(*plainConn); ok && !pc.root {
+		_ = writeLine(conn, refusal("this receiver, without TLS, accepts only root's connections"), refusalTimeout)
+		return fmt.Errorf("%w: %s: not a socket of root, and this receiver runs without TLS", ErrPeerNotAllowed, conn.RemoteAddr())
+	}
 	tc, ok := conn.(*tls.Conn)
 	if !ok {
 		return nil

@@ -176,7 +176,10 @@ func CheckListen(addr string, withTLS bool) error {
 
 // Listen listens on addr (TCP) for Receiver.Serve. With cfg (ServerTLS) every connection is
 // TLS; cfg must require and verify client certificates. Without cfg addr must be a loopback
-// address (CheckListen).
+// address (CheckListen), and the receiver accepts only connections from sockets owned by root
+// (on Linux, from /proc/net/tcp and tcp6; elsewhere none): any other local user's connection
+// is refused before the greeting (ErrPeerNotAllowed), so that on a shared host only root sends
+// checkpoints, page streams or preflight queries to a receiver without TLS.
 //
 // Errors: ErrInsecure (wrapped, naming the address); net.Listen's error, wrapped with the
 // address.
@@ -192,9 +195,27 @@ func Listen(addr string, cfg *tls.Config) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	if cfg == nil {
-		return ln, nil
+		return rootOnlyListener{ln}, nil
 	}
 	return &tlsListener{Listener: ln, cfg: cfg}, nil
+}
+
+// rootOnlyListener is Listen's listener without TLS: each connection records whether its peer's
+// socket is root's (rootPeer), and the receiver refuses the others (Receiver.handshakeTLS).
+type rootOnlyListener struct{ net.Listener }
+
+func (l rootOnlyListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &plainConn{Conn: c, root: rootPeer(c)}, nil
+}
+
+// plainConn is a connection accepted without TLS on loopback; root: its peer's socket is root's.
+type plainConn struct {
+	net.Conn
+	root bool
 }
 
 // tlsListener is tls.NewListener that remembers, per connection, whether the peer sent

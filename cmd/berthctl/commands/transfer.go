@@ -225,7 +225,8 @@ func Receive(g *Globals) *cobra.Command {
 its berth.sig is the signature of a key the node trusts (signing_key and trusted_keys of --config,
 --trusted-key); anything else is refused before it is renamed into place, and nothing of it is
 left. It restores nothing.
-Off loopback it listens only with mutual TLS (--tls-ca, --tls-cert, --tls-key): senders must
+Off loopback it listens only with mutual TLS (--tls-ca, --tls-cert, --tls-key); without TLS, on
+loopback, it accepts only connections from root's sockets. With TLS senders must
 present a certificate of the same CA, and with --allowed-peer one that names an allowed peer (a
 DNS, IP or URI subject alternative name, or the common name). A peer that does not finish its TLS
 handshake within 3 s loses its slot; a whole transfer is bounded by --transfer-timeout; a
