@@ -148,7 +148,7 @@ func sourceRefusals(f *sourceFacts) []move.Refusal {
 		return []move.Refusal{{
 			Field: "source node " + f.node.Name + " node.fs.availableBytes (the kubelet's checkpoint directory)",
 			Value: bytesOf(f.nodeFsFree), Limit: ">= " + bytesOf(f.estimate) + " (the checkpoint estimate: the container's memory and writable layer)",
-			Fix:   "free disk on " + f.node.Name + " (kubelet checkpoints are never deleted by the kubelet: berthctl checkpoint gc)",
+			Fix: "free disk on " + f.node.Name + " (kubelet checkpoints are never deleted by the kubelet: berthctl checkpoint gc)",
 		}}
 	}
 	return nil
