@@ -1,5 +1,6 @@
 // Package kube moves a running pod of the berth runtime from one Kubernetes node to another
-// through the Kubernetes API, as a user could by hand: the kubelet checkpoint API (through the
+// through the Kubernetes API, as a user could by hand: a destination preflight (preflight.go)
+// before anything is frozen, the kubelet checkpoint API (through the
 // API server's node proxy), the archive brought to the destination node (by the node agents,
 // agents.go, or a shared file system, transfer.go), a restore pod created
 // from the source pod's spec with the berth.dev/restore-from annotation and a node selector, and

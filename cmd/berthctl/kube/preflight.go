@@ -48,16 +48,19 @@ import (
 //     writes the archive into its checkpoint directory on that file system first).
 //
 // What only the destination node can tell (the free disk of berth's checkpoint root, which may be
-// another file system than the kubelet's; with the agent's --gpu, device memory) is asked of the
+// another file system than the kubelet's) is asked of the
 // destination's berth agent with the receive protocol's own preflight query (move.RemotePreflight):
 // Agents.Preflight runs `berthctl checkpoint check --receiver` in that agent, which sends the query
 // to its own receiver, so the answer is the receiver's, with the root and GPU backend it will use.
 // The agent's container is not given the host's file system or PID namespace (least privilege):
 // bind sources (hostPath volumes) and host PIDs are not asked there; the kubelet checks hostPath
 // types when it creates the restore pod, and the shim refuses a missing bind source before CRIU
-// runs (the move then rolls back with the source still running).
+// runs (the move then rolls back with the source still running). GPU device memory is checked
+// only as the nvidia.com/gpu count (requests against allocatable): what the container holds on
+// each GPU (move.GPUNeedOfSource) needs the source node's GPU backend and host PIDs, which the
+// agents do not have.
 
-// Preflight is what Options.Preflight is: the destination node's own answer to need (its
+// NodePreflight is what Options.Preflight is: the destination node's own answer to need (its
 // berth agent's receiver), for the checkpoint name the move will send. It returns that node's
 // refusals (none: it can take the container); an error when the node could not be asked.
 type NodePreflight func(ctx context.Context, node, name string, need move.Need) ([]move.Refusal, error)
