@@ -64,7 +64,8 @@ type Options struct {
 	Namespace, Pod string
 	// Container is the container to checkpoint; "" for the pod's only container.
 	Container string
-	// To is the destination node; "" for any other Ready node whose labels match the checkpoint.
+	// To is the destination node; "" for the first other node by name whose berth labels match
+	// the source node's and that passes the preflight.
 	To string
 	// Name is the restore pod's name; "" for POD-<suffix>.
 	Name string
@@ -111,7 +112,10 @@ type Result struct {
 	TotalMs    float64           `json:"totalMs"`
 }
 
-// Move moves the pod o.Namespace/o.Pod. On any error before the restore pod is Ready, the
+// Move moves the pod o.Namespace/o.Pod. The destination preflight (preflight.go) runs before
+// the kubelet checkpoint API: its refusals come back as a *move.PreflightError (errors.Is
+// move.ErrPreflight, errdefs FailedPrecondition) with nothing checkpointed, sent or created.
+// On any error before the restore pod is Ready, the
 // source pod keeps running (the kubelet checkpoint API leaves it running), and what was made on
 // the destination (restore pod, copied archive) is removed.
 func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result, retErr error) {
