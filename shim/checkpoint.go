@@ -25,9 +25,21 @@ import (
 // checkpoint is Checkpoint with native errors, in steps: check the task, set CRIU's work
 // directory, take the GPU session forward, dump, give the GPUs back unless the task exits, write
 // the rootfs diff and the contents of the pod's tmpfs mounts (tmpfs.go) beside the images, build and write the manifest, restrict the checkpoint's
-// modes and sign it.
-func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) error {
-	defer s.checkpointing(r.ID)() // a pause lease never resumes a task CRIU is dumping
+// modes and sign it. In lazy mode (checkpoint.LazyPagesRequestFile) it returns once CRIU's lazy
+// page server listens, with everything but the memory written and signed; CRIU then serves the
+// pages from the frozen task in the background (lazy.go), and the GPUs are given back only if
+// that fails (the task then runs on here); on success the caller stops the task.
+func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (retErr error) {
+	var cleanups []func() // run on return, or by the lazy dump's end in lazy mode
+	background := false
+	defer func() {
+		if !background {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+	cleanups = append(cleanups, s.checkpointing(r.ID)) // a pause lease never resumes a task CRIU is dumping
 	st, err := s.checkpointable(ctx, r)
 	if err != nil {
 		return err
@@ -40,13 +52,16 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return err
 	}
-	defer done()
+	cleanups = append(cleanups, done)
 	s.leaseWorkDir(r.ID, leasedCheckpointDir(r.Path, opts.WorkPath, st.Bundle))
-	undo, err := s.usePageServer(ctx, r.ID, opts.WorkPath, st.Bundle, spec)
+	undo, lazy, err := s.usePageServer(ctx, r.ID, opts.WorkPath, st.Bundle, spec)
 	if err != nil {
 		return err
 	}
-	defer undo()
+	cleanups = append(cleanups, undo)
+	if lazy != "" && opts.Exit {
+		return fmt.Errorf("checkpoint %s: lazy mode keeps the task frozen until its pages are served; it cannot exit with the dump: %w", r.ID, errdefs.ErrInvalidArgument)
+	}
 	g, err := s.beginGPUCheckpoint(ctx, r.ID, st)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
@@ -56,11 +71,32 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		ph.Add(g.phases.List()...)
 	}
 	created := s.deps.Now()
-	known, err := s.dump(ctx, r, opts.WorkPath, g, ph)
-	if err != nil {
-		return err
+	var (
+		known map[string]checkpoint.File
+		ld    *lazyDump
+	)
+	if lazy != "" {
+		ld, known, err = s.dumpLazy(ctx, r, st, opts.WorkPath, lazy, g, ph)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil { // the rest failed: end the page server, so that the task is left as it was
+				ld.abort(ctx)
+			}
+		}()
+	} else {
+		if known, err = s.dump(ctx, r, opts.WorkPath, g, ph); err != nil {
+			if st.Status == task.Status_PAUSED {
+				// a CRIU that died mid-dump leaves the cgroup it thawed thawed (lazy.go: refreeze)
+				if ferr := refreeze(int(st.Pid)); ferr != nil {
+					log.G(ctx).WithError(ferr).Error("failed dump: freezing the paused task's cgroup again failed")
+				}
+			}
+			return err
+		}
 	}
-	if g != nil && !opts.Exit {
+	if g != nil && !opts.Exit && ld == nil {
 		n := g.phases.Len()
 		if err := g.release(ctx); err != nil {
 			return fmt.Errorf("checkpoint %s: written, but giving the GPUs back failed: %w", r.ID, err)
@@ -73,7 +109,7 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := writeTmpfs(ctx, spec, r.Path); err != nil {
 		return fmt.Errorf("checkpoint %s: written, but the contents of its pod's tmpfs mounts were not: %w", r.ID, err)
 	}
-	m, err := s.manifest(ctx, r.ID, spec, opts.WorkPath, g, ph, created)
+	m, err := s.manifest(ctx, r.ID, spec, opts.WorkPath, g, ph, created, ld != nil)
 	if err != nil {
 		return err
 	}
@@ -83,7 +119,14 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := checkpoint.RestrictModes(r.Path); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", r.ID, err)
 	}
-	return s.sign(ctx, r)
+	if err := s.sign(ctx, r); err != nil {
+		return err
+	}
+	if ld != nil {
+		background = true
+		ld.handOff(ctx, s, cleanups)
+	}
+	return nil
 }
 
 // writeRootfsDiff writes the changes of the task's writable layer into the CRIU image directory
@@ -215,11 +258,11 @@ func (s *Service) dump(ctx context.Context, r *taskAPI.CheckpointTaskRequest, wo
 // manifest builds the checkpoint's manifest (without its files): the container (with its
 // Kubernetes namespace, pod, name and image from spec's CRI annotations) and its security context
 // (privilege.FromSpec of spec), CRIU's dump
-// statistics from workDir (logged, not fatal, when missing), this node's fingerprint with the
+// statistics from workDir (logged, not fatal, when missing; none for postCopy, a lazy dump), this node's fingerprint with the
 // container's GPUs instead of the node's (none for a container without GPUs: it can be restored
 // on any node), the GPU state, and the phases so far plus fingerprint. created is when the dump
 // began.
-func (s *Service) manifest(ctx context.Context, id string, spec *specs.Spec, workDir string, g *gpuSession, ph *checkpoint.Phases, created time.Time) (*checkpoint.Manifest, error) {
+func (s *Service) manifest(ctx context.Context, id string, spec *specs.Spec, workDir string, g *gpuSession, ph *checkpoint.Phases, created time.Time, postCopy bool) (*checkpoint.Manifest, error) {
 	security := privilege.FromSpec(spec)
 	m := &checkpoint.Manifest{
 		Version: checkpoint.ManifestVersion,
@@ -233,9 +276,13 @@ func (s *Service) manifest(ctx context.Context, id string, spec *specs.Spec, wor
 			Runtime:             oci.RuntimeName,
 		},
 		Security: &security,
+		PostCopy: postCopy,
 	}
 	err := ph.Time("fingerprint", func() error {
-		if stats, err := s.deps.DumpStats(workDir); err != nil {
+		if postCopy {
+			// a lazy dump writes its statistics only once every page is served, and they say
+			// nothing then (CRIU counts no pages and the whole wait as frozen time)
+		} else if stats, err := s.deps.DumpStats(workDir); err != nil {
 			log.G(ctx).WithError(err).Warn("no CRIU dump statistics")
 		} else {
 			m.CRIU = stats

@@ -7,7 +7,10 @@
 //     node's fingerprint, CRIU's dump statistics (from CRIU's stats-dump file), the container's
 //     Kubernetes namespace, pod, name and image, its security context, the image size and the
 //     digest of every file; it makes every file 0600 and every directory 0700 and signs the
-//     manifest with the node's key (berth.sig, package oci/signature).
+//     manifest with the node's key (berth.sig, package oci/signature). In copy mode CRIU sends
+//     the memory to a page server instead (pageserver.go); in lazy mode the request returns
+//     once everything but the memory is written and signed, while CRIU serves the pages from
+//     the frozen task (lazy.go), and a checkpoint marked postCopy is restored lazily.
 //   - Restore on create: a container whose OCI spec carries the annotation berth.dev/restore-from
 //     is admitted in Create, before anything is created (inside the configured checkpoint root, no
 //     "..", no symlink escape; signed by a key the trust policy trusts for the pod's namespace, the

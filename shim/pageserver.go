@@ -15,47 +15,81 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
-// usePageServer reads the CRIU work directory's checkpoint.PageServerRequestFile, if any, and adds the page
-// server to the bundle's CRIU configuration file for this dump; undo puts the file back. Errors:
-// an unusable address, or a bundle whose org.criu.config is the user's own file
-// (errdefs.ErrInvalidArgument, errdefs.ErrFailedPrecondition).
-func (s *Service) usePageServer(ctx context.Context, id, workDir, bundle string, spec *specs.Spec) (undo func(), _ error) {
+// usePageServer reads the CRIU work directory's checkpoint.PageServerRequestFile or
+// checkpoint.LazyPagesRequestFile, if any, and adds the page server (copy mode) or the lazy page
+// server (lazy mode: CRIU listens there once the non-memory images are written) to the bundle's
+// CRIU configuration file for this dump; undo puts the file back. lazy is the lazy page server's
+// ADDR:PORT ("" unless lazy mode). Errors: an unusable address, both files at once, a bundle
+// whose org.criu.config is the user's own file, or (lazy mode) a node where CRIU cannot serve
+// pages lazily (criu.CheckLazyDump) (errdefs.ErrInvalidArgument, errdefs.ErrFailedPrecondition).
+func (s *Service) usePageServer(ctx context.Context, id, workDir, bundle string, spec *specs.Spec) (undo func(), lazy string, _ error) {
 	undo = func() {}
 	b, err := os.ReadFile(filepath.Join(workDir, checkpoint.PageServerRequestFile))
+	lb, lerr := os.ReadFile(filepath.Join(workDir, checkpoint.LazyPagesRequestFile))
+	file := checkpoint.PageServerRequestFile
+	switch {
+	case err == nil && lerr == nil:
+		return undo, "", fmt.Errorf("checkpoint %s: both %s and %s asked for: %w", id, checkpoint.PageServerRequestFile, checkpoint.LazyPagesRequestFile, errdefs.ErrInvalidArgument)
+	case lerr == nil:
+		b, err, file = lb, nil, checkpoint.LazyPagesRequestFile
+	case !errors.Is(lerr, fs.ErrNotExist):
+		return undo, "", fmt.Errorf("checkpoint %s: %w", id, lerr)
+	}
 	if errors.Is(err, fs.ErrNotExist) {
-		return undo, nil
+		return undo, "", nil
 	}
 	if err != nil {
-		return undo, fmt.Errorf("checkpoint %s: %w", id, err)
+		return undo, "", fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	addr := strings.TrimSpace(string(b))
 	host, port, err := pageServerAddr(addr)
 	if err != nil {
-		return undo, fmt.Errorf("checkpoint %s: %s: %w", id, checkpoint.PageServerRequestFile, err)
+		return undo, "", fmt.Errorf("checkpoint %s: %s: %w", id, file, err)
+	}
+	isLazy := file == checkpoint.LazyPagesRequestFile
+	if isLazy && net.ParseIP(host).To4() == nil {
+		// the shim sees CRIU's listener in /proc/net/tcp (lazy.go)
+		return undo, "", fmt.Errorf("checkpoint %s: %s: lazy page server %q: want an IPv4 loopback address: %w", id, file, addr, errdefs.ErrInvalidArgument)
+	}
+	if isLazy {
+		if err := criu.CheckLazyDump(); err != nil {
+			return undo, "", fmt.Errorf("checkpoint %s: %w: %w", id, err, errdefs.ErrFailedPrecondition)
+		}
 	}
 	path := filepath.Join(bundle, criuConfigName)
 	if spec.Annotations[oci.AnnotationCRIUConfig] != path {
-		return undo, fmt.Errorf("checkpoint %s: copy mode needs berth's own CRIU configuration file, but %s names %s: %w",
+		return undo, "", fmt.Errorf("checkpoint %s: copy and lazy modes need berth's own CRIU configuration file, but %s names %s: %w",
 			id, oci.AnnotationCRIUConfig, spec.Annotations[oci.AnnotationCRIUConfig], errdefs.ErrFailedPrecondition)
 	}
 	old, err := os.ReadFile(path)
 	if err != nil {
-		return undo, fmt.Errorf("checkpoint %s: %w", id, err)
+		return undo, "", fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	body := append(append([]byte(nil), old...), fmt.Sprintf("page-server\naddress %s\nport %d\n", host, port)...)
+	lines := fmt.Sprintf("page-server\naddress %s\nport %d\n", host, port)
+	if isLazy {
+		// the source listens: `criu dump --lazy-pages --address --port`
+		lines = fmt.Sprintf("lazy-pages\naddress %s\nport %d\n", host, port)
+	}
+	body := append(append([]byte(nil), old...), lines...)
 	if err := os.WriteFile(path, body, 0o600); err != nil {
-		return undo, fmt.Errorf("checkpoint %s: %w", id, err)
+		return undo, "", fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	log.G(ctx).WithField("page_server", addr).Info("copy mode: CRIU sends memory pages to the page server")
+	if isLazy {
+		log.G(ctx).WithField("lazy_page_server", addr).Info("lazy mode: CRIU serves memory pages from the frozen task once the rest is dumped")
+		lazy = addr
+	} else {
+		log.G(ctx).WithField("page_server", addr).Info("copy mode: CRIU sends memory pages to the page server")
+	}
 	return func() {
 		if err := os.WriteFile(path, old, 0o600); err != nil {
-			log.G(ctx).WithError(err).Error("restore CRIU configuration after a copy-mode dump")
+			log.G(ctx).WithError(err).Error("restore CRIU configuration after a copy- or lazy-mode dump")
 		}
-	}, nil
+	}, lazy, nil
 }
 
 // pageServerAddr parses a page server's "ADDR:PORT", which must be a loopback IP and a port.

@@ -315,6 +315,10 @@ func (s *Service) explainDump(err error, workDir string) error {
 	if len(lines) > 0 {
 		msg += "; CRIU says: " + lastLines(lines, maxQuotedCRIULines)
 	}
+	if c == nil && strings.Contains(err.Error(), "read unixpacket") && strings.Contains(err.Error(), "EOF") {
+		// runc lost its connection to CRIU: CRIU died (killed) while it dumped
+		msg += "; CRIU died during the dump: while it copies the memory its parasite code runs inside the task, which may then be left stopped or broken (if the task no longer answers, restart it)"
+	}
 	out := fmt.Errorf("%w%s", err, msg)
 	if c != nil {
 		out = mark(out, c.sentinel)

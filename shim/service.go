@@ -86,6 +86,8 @@ type Service struct {
 	rootfs map[string][]mount.Mount
 	// leases are the tasks' pause leases (lease.go).
 	leases leases
+	// lazy holds the lazy dumps whose pages CRIU still serves, by task (lazy.go).
+	lazy map[string]*lazyDump
 }
 
 // restoreStatus is where a task created from a checkpoint stands in the shim.
@@ -374,6 +376,13 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 	}
 	ph := checkpoint.NewPhases(s.deps.Now)
 	start := s.deps.Now()
+	if t.plan != nil && t.plan.manifest != nil && t.plan.manifest.PostCopy {
+		undo, err := useLazyRestore(ctx, t.bundle, t.plan.dir)
+		if err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
+		defer undo()
+	}
 	var resp *taskAPI.StartResponse
 	if err := ph.Time("criu-restore", func() (err error) {
 		resp, err = s.TTRPCTaskService.Start(ctx, r)

@@ -39,6 +39,13 @@ type Manifest struct {
 	// PageStream, in a checkpoint moved in copy mode, is the memory CRIU sent straight to the
 	// destination's page server: its page images are not in Files (see PageStream).
 	PageStream *PageStream `json:"pageStream,omitempty"`
+	// PostCopy marks a checkpoint taken in lazy (post-copy) mode: its CRIU images hold no
+	// memory that CRIU could send lazily (only the few pages it cannot, in Files); the rest is
+	// served by the source's CRIU, after the restore, to the destination's `criu lazy-pages`
+	// daemon (LazyPagesDir), over the move's mutual-TLS connection. Those pages are covered by
+	// that connection's authentication, not by the signature. Such a checkpoint restores only
+	// while its source still serves it.
+	PostCopy bool `json:"postCopy,omitempty"`
 }
 
 // GPUState records what a checkpoint of a GPU container needs on restore.

@@ -105,3 +105,22 @@ func stampedPages(st stamp, m *Manifest) map[string]bool {
 	}
 	return pages
 }
+
+// LazyPagesRequestFile, in the CRIU work directory of a checkpoint request to berth's shim, asks
+// for a lazy (post-copy) dump: it holds "ADDR:PORT", a loopback address where CRIU's lazy page
+// server is to listen once the non-memory images are written. The shim's Checkpoint request
+// returns at that moment, with the checkpoint (less its memory) written and signed, while the
+// task stays frozen and CRIU serves its pages until the destination has them all (or the stream
+// fails, and the task is left as it was). Like PageServerRequestFile it is the caller's, in a
+// directory only root writes, and the caller removes it before it digests the checkpoint.
+const LazyPagesRequestFile = "berth-lazy-pages"
+
+// LazyPagesDir is the directory beside checkpoint directory dir (in the same checkpoint root)
+// where a destination's `criu lazy-pages` daemon for that checkpoint keeps its socket
+// (lazy-pages.socket) and log while it serves the memory of a task restored from it in lazy
+// mode; berth's shim points CRIU's restore there (its work-dir). It exists only while the
+// daemon runs.
+func LazyPagesDir(dir string) string {
+	dir = filepath.Clean(dir)
+	return filepath.Join(filepath.Dir(dir), ".lazy-"+filepath.Base(dir))
+}

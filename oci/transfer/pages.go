@@ -34,6 +34,14 @@ import (
 // pagesSuffix names the staging directory of a page stream: <StagingPrefix><name><pagesSuffix>.
 const pagesSuffix = ".pages"
 
+// PagesStagingDir is the staging directory under root where a receiver keeps the pages of
+// checkpoint name's copy-mode page stream until the checkpoint's transfer adopts them. A
+// process that ran a receiver in itself and gives up on a move removes it (the receiver's
+// handler may still be running as the process exits).
+func PagesStagingDir(root, name string) string {
+	return filepath.Join(root, StagingPrefix+name+pagesSuffix)
+}
+
 // ErrPageStream: the page stream for a checkpoint is missing, failed, or differs from the one
 // its signed manifest records.
 var ErrPageStream = errors.New("page stream")
@@ -73,7 +81,7 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
-	ps := &pageStream{dir: filepath.Join(root, StagingPrefix+name+pagesSuffix), done: make(chan struct{}), adopted: make(chan struct{})}
+	ps := &pageStream{dir: PagesStagingDir(root, name), done: make(chan struct{}), adopted: make(chan struct{})}
 	r.mu.Lock()
 	if r.pages == nil {
 		r.pages = map[string]*pageStream{}

@@ -419,6 +419,12 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	if err := ValidName(name); err != nil {
 		return "", false, err
 	}
+	if hdr.Pages && hdr.Lazy {
+		// pages flow for as long as the restored task needs them, within the transfer's deadline;
+		// the idle timeout still ends a dead link
+		ir.hard = deadline
+		return "", false, r.receiveLazyPages(ctx, br, ir.conn, name, r.Root)
+	}
 	if hdr.Pages {
 		ir.hard = deadline
 		return "", false, r.receivePages(ctx, br, ir.conn, name, r.Root)
@@ -635,8 +641,9 @@ func (r *Receiver) release(name string) {
 	delete(r.inFlight, name)
 }
 
-// CleanStaging removes every staging directory (StagingPrefix*) under Root: leftovers of a
-// receiving process that died mid-transfer. Call it at startup, before Serve, and never while
+// CleanStaging removes every staging directory (StagingPrefix*) under Root, and every lazy
+// page stream's daemon directory (checkpoint.LazyPagesDir) with its checkpoint, which holds no
+// memory: leftovers of a receiving process that died mid-transfer. Call it at startup, before Serve, and never while
 // a transfer into Root may be running (from this process or another).
 //
 // Errors: the *fs.PathError of reading Root (none when Root does not exist) or of a removal.
@@ -651,6 +658,20 @@ func (r *Receiver) CleanStaging() error {
 	var errs []error
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), StagingPrefix) {
+			if err := os.RemoveAll(filepath.Join(r.Root, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		// a lazy page stream's daemon directory: its checkpoint, which holds no memory, goes too
+		if name, ok := strings.CutPrefix(e.Name(), lazyPrefix); ok && ValidName(name) == nil {
+			if m, err := checkpoint.ReadManifest(filepath.Join(r.Root, name)); err == nil && m.PostCopy {
+				if err := os.RemoveAll(filepath.Join(r.Root, name)); err != nil {
+					errs = append(errs, err)
+				}
+				if err := checkpoint.RemoveStamp(filepath.Join(r.Root, name)); err != nil {
+					errs = append(errs, err)
+				}
+			}
 			if err := os.RemoveAll(filepath.Join(r.Root, e.Name())); err != nil {
 				errs = append(errs, err)
 			}

@@ -44,6 +44,12 @@
 // plain TCP except on loopback. Before greeting, a receiver may instead answer one line,
 // "<magic> busy" (all slots in use: ErrBusy) or "<magic> refused: <why>" (ErrRefused).
 //
+// A connection whose header says "pages" carries a checkpoint's memory instead, beside its
+// checkpoint's own connection: in copy mode CRIU's page stream to a `criu page-server` the
+// receiver runs (pages.go), in lazy (post-copy) mode, with "lazy" too, the pages a
+// `criu lazy-pages` daemon the receiver runs asks the source's CRIU for after the restore
+// (lazy.go).
+//
 // What belongs here: the wire protocol and the receiving side's file handling. What does not:
 // the tar format (oci/archive), manifests and digests (oci/checkpoint), progress display (the CLI: Send only
 // calls a callback), choosing peers or restoring.
@@ -96,6 +102,9 @@ type header struct {
 	// top-level berth.json), or LayoutCRI for a CRI checkpoint archive sent as it is (Manifest
 	// is its checkpoint/berth.json).
 	Layout string `json:"layout,omitempty"`
+	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
+	// restore.
+	Lazy bool `json:"lazy,omitempty"`
 	// Preflight marks a connection that asks the receiver's node whether it can restore a
 	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.
 	Preflight json.RawMessage `json:"preflight,omitempty"`

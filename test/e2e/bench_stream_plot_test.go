@@ -26,6 +26,7 @@ func plotStream(rows []streamRow, path string) error {
 		{"CRIU page server (B)", func(r streamRow) float64 { return r.ps.Seconds() }, color.RGBA{R: 150, G: 150, B: 220, A: 255}},
 		{"berth stored", func(r streamRow) float64 { return r.stored.Seconds() }, color.RGBA{R: 220, G: 120, B: 40, A: 255}},
 		{"berth copy", func(r streamRow) float64 { return r.copy.Seconds() }, color.RGBA{R: 30, G: 140, B: 60, A: 255}},
+		{"berth lazy (post-copy)", func(r streamRow) float64 { return r.lazy.Seconds() }, color.RGBA{R: 160, G: 40, B: 160, A: 255}},
 	}
 	for _, ph := range paths {
 		pts := make(plotter.XYs, 0, len(rows))

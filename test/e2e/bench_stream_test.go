@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -32,11 +33,15 @@ import (
 //	        the non-memory images copied beside the pages, `criu restore` (B)
 //	stored  berthctl migrate --mode stored between two containerd nodes
 //	copy    berthctl migrate --mode copy
+//	lazy    berthctl migrate --mode lazy (post-copy; fs.pipe-max-size raised to 4 MiB for it and
+//	        put back after)
 //
 // The client notices the source stalled (no token for 20 ms), then polls the destination every
 // 5 ms and resumes the session there at the next token. Metrics per size: each path's downtime
-// in ms, copy-downtime/raw, stored-downtime/raw, ps-downtime/raw, and berth's own view of the copy
-// move (migrate's downtimeMs, and afterMs: the source's teardown, off the critical path).
+// in ms, copy-downtime/raw, lazy-downtime/raw, stored-downtime/raw, ps-downtime/raw, berth's own
+// view of the copy move (migrate's downtimeMs, and afterMs: the source's teardown, off the
+// critical path) and of the lazy one (lazy-pages-ms: from the destination's resume until every
+// page arrived, the source frozen meanwhile).
 func BenchmarkStream(b *testing.B) {
 	c := needCluster(b)
 	prewarm := prewarmMemory(b)
@@ -53,6 +58,8 @@ func BenchmarkStream(b *testing.B) {
 			b.Run("summary", func(b *testing.B) {
 				b.ReportMetric(0, "ns/op")
 				b.ReportMetric(ratio(r.copy, r.raw), "copy-downtime/raw")
+				b.ReportMetric(ratio(r.lazy, r.raw), "lazy-downtime/raw")
+				b.ReportMetric(r.lazyPages, "lazy-pages-ms")
 				b.ReportMetric(ratio(r.stored, r.raw), "stored-downtime/raw")
 				b.ReportMetric(ratio(r.ps, r.raw), "ps-downtime/raw")
 				b.ReportMetric(ratio(r.copy, r.stored), "copy-downtime/stored")
@@ -66,11 +73,11 @@ func BenchmarkStream(b *testing.B) {
 		fmt.Println()
 		fmt.Println(prewarm)
 		fmt.Println("downtime seen by the workload's client (last token from the source -> first from the destination), one run:")
-		fmt.Printf("%8s %9s %9s %9s %9s %10s %12s %10s %14s %12s\n", "MiB", "raw ms", "ps ms", "stored ms", "copy ms",
-			"copy/raw", "stored/raw", "ps/raw", "copy migrate", "teardown")
+		fmt.Printf("%8s %9s %9s %9s %9s %9s %10s %10s %12s %10s %14s %12s %12s\n", "MiB", "raw ms", "ps ms", "stored ms", "copy ms", "lazy ms",
+			"copy/raw", "lazy/raw", "stored/raw", "ps/raw", "copy migrate", "teardown", "lazy pages")
 		for _, r := range rows {
-			fmt.Printf("%8d %9s %9s %9s %9s %10.2f %12.2f %10.2f %11.0f ms %9.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.stored), ms(r.copy),
-				ratio(r.copy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), r.copyReported, r.copyAfter)
+			fmt.Printf("%8d %9s %9s %9s %9s %9s %10.2f %10.2f %12.2f %10.2f %11.0f ms %9.0f ms %9.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.stored), ms(r.copy), ms(r.lazy),
+				ratio(r.copy, r.raw), ratio(r.lazy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), r.copyReported, r.copyAfter, r.lazyPages)
 		}
 		// the curve, drawn from these results: BERTH_BENCH_PLOT names the file (default
 		// _output/bench-stream.png in the repository)
@@ -88,9 +95,10 @@ func BenchmarkStream(b *testing.B) {
 
 type streamRow struct {
 	mib                         int
-	raw, ps, stored, copy       time.Duration
+	raw, ps, stored, copy, lazy time.Duration
 	copyReported, copyAfter     float64 // migrate's own downtimeMs and afterMs, copy mode
 	storedReported, storedAfter float64
+	lazyPages                   float64 // migrate's pagesMs, lazy mode
 }
 
 func benchStreamSize(b *testing.B, c *node.Cluster, infer string, mib int) streamRow {
@@ -110,12 +118,23 @@ func benchStreamSize(b *testing.B, c *node.Cluster, infer string, mib int) strea
 	b.Run("raw", func(b *testing.B) { r.raw = benchStreamRaw(ctx, b, infer, mib, work, false); report(b, r.raw) })
 	b.Run("ps", func(b *testing.B) { r.ps = benchStreamRaw(ctx, b, infer, mib, work, true); report(b, r.ps) })
 	b.Run("stored", func(b *testing.B) {
-		r.stored, r.storedReported, r.storedAfter = benchStreamBerth(ctx, b, c, mib, work, "stored")
+		var f migrateFigures
+		r.stored, f = benchStreamBerth(ctx, b, c, mib, work, "stored")
+		r.storedReported, r.storedAfter = f.DowntimeMs, f.AfterMs
 		report(b, r.stored)
 	})
 	b.Run("copy", func(b *testing.B) {
-		r.copy, r.copyReported, r.copyAfter = benchStreamBerth(ctx, b, c, mib, work, "copy")
+		var f migrateFigures
+		r.copy, f = benchStreamBerth(ctx, b, c, mib, work, "copy")
+		r.copyReported, r.copyAfter = f.DowntimeMs, f.AfterMs
 		report(b, r.copy)
+	})
+	b.Run("lazy", func(b *testing.B) {
+		setPipeMaxSize(b, criu.MinLazyPipeMaxSize, false)
+		var f migrateFigures
+		r.lazy, f = benchStreamBerth(ctx, b, c, mib, work, "lazy")
+		r.lazyPages = f.PagesMs
+		report(b, r.lazy)
 	})
 	return r
 }
@@ -328,9 +347,15 @@ func benchStreamRaw(ctx context.Context, b *testing.B, infer string, mib int, wo
 	return w.wait(ctx, b)
 }
 
+// migrateFigures are migrate's own figures of a move (-o json), in ms: downtime, what came after
+// the destination served, and (lazy mode) the time until every page arrived.
+type migrateFigures struct {
+	DowntimeMs, AfterMs, PagesMs float64
+}
+
 // benchStreamBerth moves the workload with berthctl migrate --mode mode and returns the
-// client's downtime and migrate's own downtimeMs and afterMs.
-func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, work, mode string) (time.Duration, float64, float64) {
+// client's downtime and migrate's own figures.
+func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib int, work, mode string) (time.Duration, migrateFigures) {
 	src, dst := c.Nodes[0], c.Nodes[1]
 	id := fmt.Sprintf("bench-stream-%s-%d", mode, mib)
 	destID, name := id+"-moved", id+"-ckpt"
@@ -361,8 +386,8 @@ func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib in
 	}
 	d := w.wait(ctx, b)
 	var res struct {
-		DowntimeMs, AfterMs float64
-		Phases              []struct {
+		DowntimeMs, AfterMs, PagesMs float64
+		Phases                       []struct {
 			Name string
 			Ms   float64
 		}
@@ -378,5 +403,5 @@ func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib in
 	_ = dst.Remove(ctx, destID)
 	_ = src.Remove(ctx, id)
 	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
-	return d, res.DowntimeMs, res.AfterMs
+	return d, migrateFigures{DowntimeMs: res.DowntimeMs, AfterMs: res.AfterMs, PagesMs: res.PagesMs}
 }

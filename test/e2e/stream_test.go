@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+
 	"github.com/berth-dev/berth/oci/transfer"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
@@ -110,8 +112,10 @@ func pagesReceived(root string) int64 {
 
 // TestCopyModeFaults breaks copy-mode moves while the memory pages stream: the link to the
 // destination cut after 16 MiB of the page stream, and the destination's receiver killed once
-// 16 MiB of pages arrived. In both the move fails saying so, the source resumes (same process,
-// running, weights intact, still streaming), its checkpoint directory is removed, and the
+// 16 MiB of pages arrived, and the source's CRIU (the page client) killed once 16 MiB arrived.
+// In each the move fails saying so, the source resumes (same process, running, weights intact,
+// still streaming; when its CRIU died, whose parasite was inside it, only not paused, and the
+// error says it may be broken), its checkpoint directory is removed, and the
 // destination holds no container and, once a receiver runs there again, nothing in its root.
 func TestCopyModeFaults(t *testing.T) {
 	c := needCluster(t)
@@ -141,6 +145,16 @@ func TestCopyModeFaults(t *testing.T) {
 			again.kill()
 			return out, err
 		}, "page stream"},
+		{"source-criu-killed", func(t *testing.T, root string, migrate func(string) (string, error)) (string, error) {
+			rcv := fltStartReceive(t, ctx, c, root)
+			go func() {
+				for ctx.Err() == nil && pagesReceived(root) < 16<<20 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				killSourceCRIU(t, "copyflt-source-criu-killed")
+			}()
+			return migrate(rcv.addr)
+		}, "CRIU died during the dump"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "copyflt-" + tc.name
@@ -154,7 +168,15 @@ func TestCopyModeFaults(t *testing.T) {
 					"--receiver", receiver, "--id", target, "--work-dir", work, "--name", name, id)
 			})
 			fltRequireErr(t, "berthctl migrate", out, err, "migrate "+id, tc.want)
-			w.requireServing(t, ctx)
+			if tc.name == "source-criu-killed" {
+				// CRIU's parasite was inside the task when CRIU died: the source may be broken
+				// (the error says so); berth only promises it is not left paused
+				if pid, st, err := w.n.TaskPID(ctx, w.id); err != nil || st == containerd.Paused {
+					t.Errorf("source %s after its CRIU died: pid %d status %q (%v), want not paused", w.id, pid, st, err)
+				}
+			} else {
+				w.requireServing(t, ctx)
+			}
 			fltRequireEmptyDir(t, work)
 			fltRequireDstClean(t, ctx, dst, before, []string{target}, name)
 			if left := fltList(t, root); len(left) > 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/transfer"
 )
@@ -23,7 +24,7 @@ import (
 func Migrate(g *Globals) *cobra.Command {
 	var (
 		from, to, receiver, root, newID, workDir, name, logPath, mode string
-		leaveRunning, keep, keepFailed                                bool
+		leaveRunning, keep, keepFailed, lazyFlag                      bool
 		pauseLease                                                    time.Duration
 		tf                                                            *tlsFlags
 		trust                                                         *trustFlags
@@ -53,6 +54,24 @@ The page stream's digest is signed with the rest of the checkpoint, and the rece
 pages only when both digests agree (contrib/TRUST.md). --mode stored (the default) writes the
 whole checkpoint here first, then sends it. Either way the source is stopped only after the
 destination serves: downtime and the source's teardown are reported apart.
+
+--mode lazy (or --lazy) is post-copy: CRIU dumps everything but the memory, the destination
+restores from that and resumes at once, and the memory pages follow from the source's CRIU,
+on demand when the destination task touches a page and in the background until it has them all,
+over a connection of their own to the receiver (mutual TLS like the checkpoint's; the receiver
+runs 'criu lazy-pages' on a socket of its own). The source stays frozen, not killed, until every
+page has arrived; only then is it stopped ("all pages arrived" is that wait, after the
+downtime). If the link, the destination, its lazy-pages daemon or the source's CRIU fails
+before that, the destination task is killed and removed, the source resumes where it was
+frozen, and migrate fails saying so. What a client observes in that window: the destination
+answers from the moment it resumed (a request that touches memory not yet arrived waits for
+those pages, so the first answers are slower); if the move then fails, the destination's
+connections break and whatever it answered or changed in memory since it resumed is lost, the
+source continuing from its state at the freeze; writes to volumes or other services outside the
+container's memory are not undone. The pages are covered by the connection's authentication,
+not by the checkpoint's signature (contrib/TRUST.md). Up-front, before anything is paused: CRIU
+on this node needs fs.pipe-max-size >= 4 MiB or CAP_SYS_RESOURCE, the destination userfaultfd;
+each refusal says how to fix it. --leave-running resumes the source once every page arrived.
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
@@ -97,8 +116,21 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 			if newID == "" {
 				newID = id
 			}
-			if mode != modeCopy && mode != modeStored {
-				return fmt.Errorf("--mode %q: want %s or %s", mode, modeCopy, modeStored)
+			if lazyFlag {
+				if cmd.Flags().Changed("mode") && mode != modeLazy {
+					return fmt.Errorf("--lazy and --mode %s: --lazy is --mode %s", mode, modeLazy)
+				}
+				mode = modeLazy
+			}
+			if mode != modeCopy && mode != modeStored && mode != modeLazy {
+				return fmt.Errorf("--mode %q: want %s, %s or %s", mode, modeCopy, modeLazy, modeStored)
+			}
+			if mode == modeLazy {
+				// CRIU serves the pages from this node: it needs its pipes (the destination's
+				// userfaultfd is checked by its receiver, before anything is paused)
+				if err := criu.CheckLazyDump(); err != nil {
+					return fmt.Errorf("--mode %s: nothing was paused: %w", modeLazy, err)
+				}
 			}
 			if receiver == "" && tf.files.Enabled() {
 				return fmt.Errorf("%s apply to --receiver: the receiver in this process listens on loopback", transfer.TLSFlags)
@@ -214,14 +246,20 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 				Send: send, Sign: policy.Sign,
 				LeaveRunning: leaveRunning, LogPath: logPath, PauseLease: pauseLease,
 			}
-			if mode == modeCopy {
+			switch mode {
+			case modeCopy:
 				mo.Pages = pageRelay(addr, tf)
+			case modeLazy:
+				mo.Lazy = lazyRelay(addr, tf)
 			}
 			res, err := move.Migrate(ctx, mo)
 			if err != nil {
 				if receiver == "" && !keepFailed {
-					// the in-process receiver wrote it here: a failed move leaves no checkpoint behind
+					// the in-process receiver wrote it here: a failed move leaves no checkpoint behind,
+					// nor the pages a copy-mode stream brought (this process may exit before the
+					// receiver's handler removed them)
 					os.RemoveAll(filepath.Join(root, name))
+					os.RemoveAll(transfer.PagesStagingDir(root, name))
 				}
 				return err
 			}
@@ -251,7 +289,8 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 	f.BoolVar(&keepFailed, "keep-failed", false, "keep the checkpoint received by the destination when the move fails (with the in-process receiver; a remote 'berthctl receive' keeps what it verified)")
 	nf.add(f)
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
-	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); stored: the whole checkpoint is written here, then sent")
+	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); lazy: post-copy, the destination resumes before the memory arrived, the pages follow on demand and in the background while the source stays frozen; stored: the whole checkpoint is written here, then sent")
+	f.BoolVar(&lazyFlag, "lazy", false, "the same as --mode lazy")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, true, true)
 	output = addFormat(f, formatText, formatJSON)
@@ -279,7 +318,7 @@ type migrateResult struct {
 	// shim's as checkpoint/shim/NAME, its GPU steps included), then the move's (checkpoint,
 	// transfer, restore, stop-source or resume-source).
 	Phases []checkpoint.Phase `json:"phases"`
-	// Mode is copy or stored.
+	// Mode is copy, lazy or stored.
 	Mode string `json:"mode"`
 	// TotalMs is the sum of the move's phases (the checkpoint/... ones are inside "checkpoint").
 	TotalMs float64 `json:"totalMs"`
@@ -288,6 +327,10 @@ type migrateResult struct {
 	// and removing the source, or resuming it), which is off the critical path.
 	DowntimeMs float64 `json:"downtimeMs"`
 	AfterMs    float64 `json:"afterMs"`
+	// PagesMs (lazy mode) is the time from the destination's resume until every page had
+	// arrived (phase pages), part of AfterMs: the source stays frozen meanwhile, and the
+	// destination's task waits for each page it touches that has not arrived yet.
+	PagesMs float64 `json:"pagesMs,omitempty"`
 	// CRIU is CRIU's dump statistics; GPU the container's GPU state (nil without GPUs).
 	CRIU checkpoint.CRIUStats `json:"criu"`
 	GPU  *checkpoint.GPUState `json:"gpu,omitempty"`
@@ -305,7 +348,10 @@ func newMigrateResult(res *move.MigrateResult) migrateResult {
 	for _, p := range res.Phases {
 		r.Phases = append(r.Phases, p)
 		r.TotalMs += p.Ms
-		if p.Name == "stop-source" || p.Name == "resume-source" {
+		if p.Name == "pages" {
+			r.PagesMs = p.Ms
+		}
+		if p.Name == "stop-source" || p.Name == "resume-source" || p.Name == "pages" {
 			r.AfterMs += p.Ms
 		} else {
 			r.DowntimeMs += p.Ms
@@ -325,6 +371,9 @@ func (r migrateResult) writeText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-32s %9.1f ms\n", "total", r.TotalMs)
 	fmt.Fprintf(w, "  %-32s %9.1f ms (source paused until the destination serves)\n", "downtime", r.DowntimeMs)
+	if r.PagesMs > 0 {
+		fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves; the source stays frozen)\n", "all pages arrived", r.PagesMs)
+	}
 	fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves)\n", "source teardown", r.AfterMs)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,11 @@ type CheckpointOptions struct {
 	// manifest, under the signature.
 	PageServer string
 	PageStream func(ctx context.Context) (checkpoint.PageStream, error)
+	// LazyPages, when set, asks the shim for a lazy (post-copy) dump: CRIU listens on this
+	// loopback ADDR:PORT (a transfer.LazyRelay's) once everything but the memory is dumped, and
+	// Checkpoint returns then, the checkpoint marked PostCopy, while the task stays frozen and
+	// CRIU serves its pages (until they are all served, or the stream fails).
+	LazyPages string
 	// PauseLease, when positive, is a pause lease held on the task from before it is paused
 	// until the caller resumes or stops it (Source.Resume, Source.Release): berth's shim resumes
 	// the task by itself if this process dies meanwhile (oci.AnnotationPauseLease).
@@ -148,6 +154,14 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 			return nil, err
 		}
 	}
+	if o.LazyPages != "" {
+		if o.Exit || o.PageServer != "" {
+			return nil, fmt.Errorf("checkpoint %s: lazy mode takes neither Exit nor a page server: %w", o.ID, errdefs.ErrInvalidArgument)
+		}
+		if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.LazyPagesRequestFile), []byte(o.LazyPages+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	var lease *pauseLease
 	if o.PauseLease > 0 && !o.Exit {
 		// before the pause: a kill between the pause and the grant must not strand the task
@@ -193,6 +207,15 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
 	phase("shim-checkpoint")
+	if o.LazyPages != "" {
+		defer func() {
+			if retErr != nil {
+				// CRIU serves the pages from the frozen task: hang up on it first, so that it
+				// fails the transfer and lets the task go (the resume above waits for that)
+				abandonLazy(o.LazyPages)
+			}
+		}()
+	}
 	var pages *checkpoint.PageStream
 	if o.PageServer != "" {
 		if err := os.Remove(filepath.Join(o.Dir, checkpoint.PageServerRequestFile)); err != nil {
@@ -206,6 +229,11 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 			pages = &ps
 		}
 		phase("page-stream")
+	}
+	if o.LazyPages != "" {
+		if err := os.Remove(filepath.Join(o.Dir, checkpoint.LazyPagesRequestFile)); err != nil {
+			return nil, err
+		}
 	}
 
 	if info.SnapshotKey != "" {
@@ -241,6 +269,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		CRIU:        inner.CRIU,
 		GPU:         inner.GPU,
 		PageStream:  pages,
+		PostCopy:    inner.PostCopy,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	// the shim just digested the CRIU images: reuse those digests instead of reading the images again
@@ -273,6 +302,14 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		src.Task = nil
 	}
 	return src, nil
+}
+
+// abandonLazy ends a lazy dump whose page server listens at addr and has no client yet: it
+// connects and hangs up, so that CRIU fails the transfer and leaves the task as it was.
+func abandonLazy(addr string) {
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+	}
 }
 
 // writeRootfsDiff writes the changes of the container's writable snapshot as an uncompressed tar.

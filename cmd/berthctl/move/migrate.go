@@ -2,6 +2,7 @@ package move
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -9,6 +10,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -40,6 +42,11 @@ type MigrateOptions struct {
 	// Pages, when set, makes the move copy mode (stream.go): it starts the page stream of
 	// checkpoint Name to the destination.
 	Pages func(ctx context.Context, name string) (PageRelay, error)
+	// Lazy, when set, makes the move lazy, post-copy (stream.go): it starts the lazy page stream
+	// of checkpoint Name (before anything is paused: the destination may refuse). The
+	// destination resumes once the checkpoint less its memory arrived; the pages follow. Not
+	// with Pages.
+	Lazy func(ctx context.Context, name string) (LazyRelay, error)
 	// PauseLease is the pause lease held on the source while it is paused (CheckpointOptions):
 	// if this process dies mid-move, berth's shim resumes the source at most this long after the
 	// last renewal. 0 means DefaultPauseLease; negative, none.
@@ -54,7 +61,10 @@ type MigrateResult struct {
 	SignedBy string
 	// Bytes is what was sent to the destination, in bytes.
 	Bytes int64
-	// Phases are the wall times of checkpoint, transfer, restore and stop-source, in order.
+	// Phases are the wall times of checkpoint, transfer, restore, (lazy mode) pages, and
+	// stop-source or resume-source, in order. In lazy mode the destination serves from the end
+	// of restore; pages is the time from then until every page had arrived, while the source
+	// stays frozen.
 	Phases []checkpoint.Phase
 }
 
@@ -63,6 +73,14 @@ type MigrateResult struct {
 // only then stops the source (or resumes it with LeaveRunning). On any error before the restore
 // succeeded, the source is resumed and keeps running, and the destination holds no container;
 // a checkpoint already received stays in the destination's root, intact.
+//
+// In lazy mode (Lazy) the destination task runs from the end of the restore while its memory
+// pages still come from the source, which stays frozen (never killed) until every page arrived;
+// only then is it stopped. If the stream fails before that (the link, the destination's
+// lazy-pages daemon, the destination or the source's CRIU), the destination task is killed and
+// removed, the source resumes, and the error says so: what the destination task did in that
+// window (answers it gave, writes outside its memory) is lost with it. Errors wrapping
+// ErrLazyRolledBack are those.
 func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr error) {
 	if o.TargetID == "" {
 		o.TargetID = o.ID
@@ -78,6 +96,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		o.PauseLease = DefaultPauseLease
 	}
 	copts := CheckpointOptions{Namespace: o.Namespace, ID: o.ID, Dir: o.WorkDir, Sign: o.Sign, PauseLease: o.PauseLease}
+	if o.Pages != nil && o.Lazy != nil {
+		return nil, fmt.Errorf("migrate %s: copy and lazy modes at once", o.ID)
+	}
 	if o.Pages != nil {
 		relay, err := o.Pages(ctx, o.Name)
 		if err != nil {
@@ -85,6 +106,15 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		}
 		defer relay.Close()
 		copts.PageServer, copts.PageStream = relay.Addr(), relay.Wait
+	}
+	var lazy LazyRelay
+	if o.Lazy != nil {
+		var err error
+		if lazy, err = o.Lazy(ctx, o.Name); err != nil {
+			return nil, fmt.Errorf("migrate %s: nothing was paused: %w", o.ID, err)
+		}
+		defer lazy.Close()
+		copts.LazyPages = lazy.Addr()
 	}
 	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {
@@ -94,6 +124,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	phase("checkpoint")
 	defer func() {
 		if retErr != nil {
+			if lazy != nil {
+				lazy.Close() // CRIU lets the frozen task go; the resume waits for that
+			}
 			if err := src.Resume(context.WithoutCancel(ctx)); err != nil {
 				log.G(ctx).WithError(err).Error("resume source after failed move")
 			}
@@ -105,13 +138,40 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	if res.Bytes, err = o.Send(ctx, o.WorkDir, o.Name); err != nil {
 		return nil, fmt.Errorf("send checkpoint to the destination: %w", err)
 	}
+	if lazy != nil {
+		if err := lazy.Start(ctx); err != nil {
+			return nil, err
+		}
+	}
 	phase("transfer")
-	if _, err := Restore(ctx, o.Dst, RestoreOptions{
+	dtask, err := Restore(ctx, o.Dst, RestoreOptions{
 		Namespace: o.Namespace, ID: o.TargetID, Ref: o.Name, Dir: o.WorkDir, LogPath: o.LogPath,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	phase("restore")
+	if lazy != nil {
+		// the destination serves; the source stays frozen until it has every page
+		err := lazy.Wait(ctx)
+		if err == nil {
+			// the daemon also ends, successfully, when the restored task exits: only a task
+			// still running has its memory
+			if st, serr := dtask.Status(ctx); serr != nil {
+				err = fmt.Errorf("the destination task's status: %w", serr)
+			} else if st.Status != containerd.Running {
+				err = fmt.Errorf("the destination task is %s (exit status %d) before every page arrived", st.Status, st.ExitStatus)
+			}
+		}
+		if err != nil {
+			derr := removeTask(context.WithoutCancel(ctx), o.Dst, o.Namespace, o.TargetID, dtask)
+			if derr != nil {
+				return nil, fmt.Errorf("%w: %w; killing the destination task %s failed too: %w; the source resumes", ErrLazyRolledBack, err, o.TargetID, derr)
+			}
+			return nil, fmt.Errorf("%w: %w; the destination task %s, which ran meanwhile, was killed and removed, and the source resumes where it was frozen", ErrLazyRolledBack, err, o.TargetID)
+		}
+		phase("pages")
+	}
 	if o.LeaveRunning {
 		if err := src.Resume(ctx); err != nil {
 			return res, fmt.Errorf("restored on the destination, but resuming the source failed: %w", err)
@@ -141,6 +201,28 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		os.RemoveAll(o.WorkDir)
 	}
 	return res, nil
+}
+
+// ErrLazyRolledBack: a lazy move failed after the destination had resumed: its task was killed
+// and removed and the source resumed (Migrate).
+var ErrLazyRolledBack = errors.New("lazy move failed before every page arrived")
+
+// removeTask kills the destination's task (restored in a lazy move whose pages stopped
+// coming), deletes it and removes its container with its writable layer.
+func removeTask(ctx context.Context, c *containerd.Client, ns, id string, task containerd.Task) error {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	var errs []error
+	if task != nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	if ctr, err := c.LoadContainer(ctx, id); err == nil {
+		if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // stopTask kills a (paused) task and deletes it; the container record stays.

@@ -16,3 +16,16 @@ type PageRelay interface {
 	Wait(ctx context.Context) (checkpoint.PageStream, error)
 	Close()
 }
+
+// LazyRelay is the source's end of a lazy (post-copy) page stream (transfer.LazyRelay): CRIU's
+// lazy page server listens on Addr, a loopback address, once the checkpoint (less its memory)
+// is written. Start connects to it and returns once the destination's lazy-pages daemon for the
+// checkpoint runs (the restore may begin); Wait returns nil once the daemon has every page, or
+// the stream's failure; Close abandons it (CRIU then lets the frozen task go, the destination's
+// daemon stops).
+type LazyRelay interface {
+	Addr() string
+	Start(ctx context.Context) error
+	Wait(ctx context.Context) error
+	Close()
+}

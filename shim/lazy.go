@@ -1,0 +1,268 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// Lazy (post-copy) mode, on the source: runc's checkpoint with "lazy-pages" in the bundle's CRIU
+// configuration (pageserver.go) dumps everything but the memory, then CRIU listens on the lazy
+// page server's address and serves the pages from the frozen task until the destination's
+// `criu lazy-pages` daemon has them all, or until the stream fails. runc's checkpoint returns
+// only then; the shim's Checkpoint request returns as soon as CRIU listens (the images are
+// complete then: CRIU opens the listening socket after it wrote its inventory), so that the
+// checkpoint can be sent and restored while the pages are still here.
+//
+// While CRIU serves the pages, runc's shim holds the task: Kill, Resume, Pause and State wait
+// for the dump's end. The shim's own Kill and Resume wait for the rest of it too (giving the GPUs
+// back after a failed stream), so that a caller that thaws or stops the task acts on a task
+// CRIU has let go of. A failed stream leaves the task frozen as before the dump, its GPUs given
+// back; a served one leaves it frozen for the caller to stop.
+
+// lazyDump is a lazy dump in progress: runc's checkpoint, running until the pages are served.
+type lazyDump struct {
+	id   string
+	addr string
+	g    *gpuSession
+	// pid is the task's init; paused whether the task was paused when the dump began (a failed
+	// transfer leaves it as it was: refreeze)
+	pid    int
+	paused bool
+	// runc is the result of runc's checkpoint; closed once it is sent
+	runc chan error
+	// done is closed once the dump ended and what it held is cleaned up; err says how it ended
+	done chan struct{}
+	err  error
+}
+
+// lazyReadyPoll is how often dumpLazy looks for CRIU's listening socket.
+const lazyReadyPoll = 5 * time.Millisecond
+
+// dumpLazy starts runc's lazy checkpoint of r (with ctx's values, not its cancellation: it
+// outlives the request) and returns once CRIU's lazy page server listens on addr, with the
+// digests of the images it wrote (phase criu-dump: the time until then). If runc's checkpoint
+// ends first, the GPU session is undone and the error carries CRIU's last errors.
+func (s *Service) dumpLazy(ctx context.Context, r *taskAPI.CheckpointTaskRequest, st *taskAPI.StateResponse, workDir, addr string, g *gpuSession, ph *checkpoint.Phases) (*lazyDump, map[string]checkpoint.File, error) {
+	ld := &lazyDump{id: r.ID, addr: addr, g: g, pid: int(st.Pid), paused: st.Status == task.Status_PAUSED,
+		runc: make(chan error, 1), done: make(chan struct{})}
+	tail := startTailDigester(ctx, r.Path)
+	bg := context.WithoutCancel(ctx)
+	var known map[string]checkpoint.File
+	err := ph.Time("criu-dump", func() error {
+		go func() {
+			_, err := s.TTRPCTaskService.Checkpoint(bg, r)
+			ld.runc <- errgrpc.ToNative(err)
+			close(ld.runc)
+		}()
+		tick := time.NewTicker(lazyReadyPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case err := <-ld.runc:
+				if err == nil {
+					err = fmt.Errorf("CRIU's lazy dump ended before its page server listened on %s", addr)
+				}
+				return err
+			case <-tick.C:
+				if listening(addr) {
+					return nil
+				}
+			}
+		}
+	})
+	known = tail.finish()
+	if err != nil {
+		if g != nil {
+			g.abort(ctx)
+		}
+		return nil, nil, s.explainDump(err, workDir)
+	}
+	log.G(ctx).WithField("lazy_page_server", addr).Info("lazy dump: images written, CRIU serves the pages from the frozen task")
+	return ld, known, nil
+}
+
+// abort ends a lazy dump whose checkpoint could not be completed: it connects to CRIU's page
+// server and hangs up (CRIU then fails the transfer and leaves the task as it was), waits for
+// runc, and gives the GPUs back.
+func (ld *lazyDump) abort(ctx context.Context) {
+	if c, err := net.DialTimeout("tcp", ld.addr, time.Second); err == nil {
+		c.Close()
+	}
+	err := <-ld.runc
+	log.G(ctx).WithError(err).Warn("lazy dump abandoned: the checkpoint could not be completed")
+	if ld.paused {
+		if err := refreeze(ld.pid); err != nil {
+			log.G(ctx).WithError(err).Error("lazy dump abandoned: freezing the task's cgroup again failed")
+		}
+	}
+	if ld.g != nil {
+		ld.g.abort(ctx)
+	}
+}
+
+// handOff registers the dump on s and lets it finish in the background: once runc's checkpoint
+// ended, a failed transfer gives the GPUs back, then cleanups run (last first) and the dump is
+// forgotten.
+func (ld *lazyDump) handOff(ctx context.Context, s *Service, cleanups []func()) {
+	ctx = context.WithoutCancel(ctx)
+	s.mu.Lock()
+	if s.lazy == nil {
+		s.lazy = map[string]*lazyDump{}
+	}
+	s.lazy[ld.id] = ld
+	s.mu.Unlock()
+	go func() {
+		ld.err = <-ld.runc
+		if ld.err != nil {
+			log.G(ctx).WithError(ld.err).Warn("lazy dump: the page transfer failed; the task stays as it was before the dump")
+			if ld.paused {
+				if err := refreeze(ld.pid); err != nil {
+					log.G(ctx).WithError(err).Error("lazy dump failed: freezing the task's cgroup again failed")
+				}
+			}
+			if ld.g != nil {
+				ld.g.abort(ctx)
+			}
+		} else {
+			log.G(ctx).Info("lazy dump: every page served")
+		}
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		s.mu.Lock()
+		if s.lazy[ld.id] == ld {
+			delete(s.lazy, ld.id)
+		}
+		s.mu.Unlock()
+		close(ld.done)
+	}()
+}
+
+// waitLazy waits until id's lazy dump, if any, has ended, or ctx ends.
+func (s *Service) waitLazy(ctx context.Context, id string) error {
+	s.mu.Lock()
+	ld := s.lazy[id]
+	s.mu.Unlock()
+	if ld == nil {
+		return nil
+	}
+	log.G(ctx).Info("waiting for the lazy dump to end before acting on the task")
+	select {
+	case <-ld.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Kill signals the task, after its lazy dump, if any, ended (lazy.go).
+func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	if r.ExecID == "" {
+		if err := s.waitLazy(ctx, r.ID); err != nil {
+			return nil, wireError(err)
+		}
+	}
+	return s.TTRPCTaskService.Kill(ctx, r)
+}
+
+// Resume thaws the task, after its lazy dump, if any, ended (lazy.go).
+func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	if err := s.waitLazy(ctx, r.ID); err != nil {
+		return nil, wireError(err)
+	}
+	return s.TTRPCTaskService.Resume(ctx, r)
+}
+
+// listening reports whether a TCP socket listens on addr (an IPv4 ADDR:PORT), from
+// /proc/net/tcp (state 0A): how the shim sees that CRIU's lazy page server is up without
+// taking the one connection it accepts.
+func listening(addr string) bool {
+	ta, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil || ta.IP.To4() == nil {
+		return false
+	}
+	v4 := ta.IP.To4()
+	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", v4[3], v4[2], v4[1], v4[0], ta.Port)
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 3 && fields[1] == want && fields[3] == "0A" {
+			return true
+		}
+	}
+	return false
+}
+
+// useLazyRestore adds "lazy-pages" and the work directory of the checkpoint's `criu lazy-pages`
+// daemon (checkpoint.LazyPagesDir of dir, where its socket is) to the bundle's CRIU
+// configuration for a restore of a checkpoint taken in lazy mode; undo puts the file back. The
+// error names the missing daemon: nothing serves the checkpoint's memory.
+func useLazyRestore(ctx context.Context, bundle, dir string) (undo func(), _ error) {
+	undo = func() {}
+	lazyDir := checkpoint.LazyPagesDir(dir)
+	if _, err := os.Stat(filepath.Join(lazyDir, "lazy-pages.socket")); err != nil {
+		return undo, fmt.Errorf("checkpoint %s was taken in lazy mode, but no criu lazy-pages daemon serves its memory (%w): it restores only during its move, while the source serves the pages", filepath.Base(dir), err)
+	}
+	path := filepath.Join(bundle, criuConfigName)
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return undo, err
+	}
+	body := append(append([]byte(nil), old...), fmt.Sprintf("lazy-pages\nwork-dir %s\n", lazyDir)...)
+	if err := os.WriteFile(path, body, 0o600); err != nil {
+		return undo, err
+	}
+	log.G(ctx).WithField("lazy_pages_dir", lazyDir).Info("lazy restore: memory pages arrive on demand from the source")
+	return func() {
+		if err := os.WriteFile(path, old, 0o600); err != nil {
+			log.G(ctx).WithError(err).Error("restore CRIU configuration after a lazy restore")
+		}
+	}, nil
+}
+
+// refreeze freezes the cgroup of the task whose init is pid again (cgroup v1's freezer or v2's
+// cgroup.freeze, through containerd's cgroups library). CRIU thaws a frozen task's cgroup while
+// it holds the task under ptrace and freezes it again when it lets go; a CRIU killed while it
+// serves the pages of a lazy dump leaves the cgroup thawed, so that the task runs while
+// containerd still reports it paused (and runc refuses to resume it: "container not paused").
+// Freezing an already frozen cgroup changes nothing.
+func refreeze(pid int) error {
+	if cgroups.Mode() == cgroups.Unified {
+		path, err := cgroup2.PidGroupPath(pid)
+		if err != nil {
+			return err
+		}
+		m, err := cgroup2.Load(path)
+		if err != nil {
+			return err
+		}
+		return m.Freeze()
+	}
+	cg, err := cgroup1.Load(cgroup1.PidPath(pid))
+	if err != nil {
+		return err
+	}
+	return cg.Freeze()
+}
