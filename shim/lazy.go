@@ -3,11 +3,14 @@ package shim
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
@@ -15,6 +18,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup2"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
@@ -265,4 +269,114 @@ func refreeze(pid int) error {
 		return err
 	}
 	return cg.Freeze()
+}
+
+// lockLazyRestore takes the lazy lock of checkpoint dir's daemon directory
+// (checkpoint.LockLazy) for a lazy restore and refuses when the lazy page stream already failed
+// (checkpoint.LazyFailed: the guard of its `criu lazy-pages` daemon gave up on it). release
+// unlocks, once; the caller releases it once runc's restore ended and the task record is written.
+func lockLazyRestore(dir string) (release func(), _ error) {
+	lazyDir := checkpoint.LazyPagesDir(dir)
+	unlock, err := checkpoint.LockLazy(lazyDir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s was taken in lazy mode, but no criu lazy-pages daemon serves its memory (%w): it restores only during its move, while the source serves the pages", filepath.Base(dir), err)
+	}
+	if reason, failed := checkpoint.LazyFailed(lazyDir); failed {
+		unlock()
+		return nil, fmt.Errorf("checkpoint %s was taken in lazy mode and its page stream failed (%s): its memory cannot arrive", filepath.Base(dir), reason)
+	}
+	var once sync.Once
+	return func() { once.Do(unlock) }, nil
+}
+
+// recordLazyTask writes the task record of a task restored lazily from checkpoint dir (its init
+// pid, cgroup, bundle, namespace, id and containerd's address) for the daemon's guard, which
+// kills it if its pages stop coming, and watches for that in the background: the guard's reason
+// (checkpoint.LazyFailedBundleFile in the bundle) is logged and put into the restore report.
+func (s *Service) recordLazyTask(ctx context.Context, id, bundle, dir string, pid int) {
+	lazyDir := checkpoint.LazyPagesDir(dir)
+	procs, err := cgroupProcs(pid)
+	if err == nil {
+		ns, _ := namespaces.Namespace(ctx)
+		err = checkpoint.WriteLazyTask(lazyDir, checkpoint.LazyTask{Pid: pid, Procs: procs, Bundle: bundle,
+			Namespace: ns, ID: id, Address: strings.TrimSuffix(os.Getenv("TTRPC_ADDRESS"), ".ttrpc")})
+	}
+	if err != nil {
+		// without the record the guard cannot find the task: do not let it run on unguarded
+		log.G(ctx).WithError(err).Error("lazy restore: the task record for the lazy-pages guard could not be written; killing the task")
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return
+	}
+	go s.watchLazyTask(context.WithoutCancel(ctx), bundle, lazyDir)
+}
+
+// lazyWatchPoll is how often a lazily restored task's shim looks for its guard's verdict.
+const lazyWatchPoll = 50 * time.Millisecond
+
+// watchLazyTask waits while lazyDir exists (the daemon serves the task's pages) for the guard's
+// reason in the bundle; found, it is logged and added to the restore report (LazyFailure).
+func (s *Service) watchLazyTask(ctx context.Context, bundle, lazyDir string) {
+	for {
+		_, derr := os.Stat(lazyDir)
+		if reason := lazyFailure(bundle); reason != "" {
+			log.G(ctx).WithField("lazy_failure", reason).Error("lazy restore: the memory pages stopped coming before all arrived; the task was killed before it could read a missing page")
+			for i := 0; i < 100; i++ { // Start writes the report once the GPUs are restored
+				if rep, err := os.ReadFile(filepath.Join(bundle, RestoreReportFile)); err == nil {
+					var r RestoreReport
+					if json.Unmarshal(rep, &r) == nil {
+						r.LazyFailure = reason
+						s.writeRestoreReport(ctx, bundle, r)
+					}
+					return
+				}
+				time.Sleep(lazyWatchPoll)
+			}
+			return
+		}
+		if derr != nil {
+			return
+		}
+		time.Sleep(lazyWatchPoll)
+	}
+}
+
+// lazyFailure is the guard's reason in bundle (checkpoint.LazyFailedBundleFile), "" if none.
+func lazyFailure(bundle string) string {
+	b, _ := os.ReadFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile))
+	return strings.TrimSpace(string(b))
+}
+
+// cgroupProcs returns the cgroup.procs file of the cgroup of pid: v1's freezer hierarchy, else
+// the unified (v2) one, from /proc/PID/cgroup.
+func cgroupProcs(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	procs := procsFromCgroupFile(string(b))
+	if procs == "" {
+		return "", fmt.Errorf("no freezer or unified cgroup for pid %d in /proc/%d/cgroup", pid, pid)
+	}
+	return procs, nil
+}
+
+// procsFromCgroupFile is cgroupProcs on the text of a /proc/PID/cgroup file; "" when it names
+// neither a freezer nor a unified cgroup.
+func procsFromCgroupFile(b string) string {
+	var unified string
+	for _, l := range strings.Split(strings.TrimSpace(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == "freezer" {
+				return filepath.Join("/sys/fs/cgroup/freezer", parts[2], "cgroup.procs")
+			}
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			unified = filepath.Join("/sys/fs/cgroup", parts[2], "cgroup.procs")
+		}
+	}
+	return unified
 }

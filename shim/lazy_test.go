@@ -75,3 +75,53 @@ func TestUseLazyRestore(t *testing.T) {
 		t.Errorf("after undo: %q", b)
 	}
 }
+
+func TestLockLazyRestore(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ck")
+	if _, err := lockLazyRestore(dir); err == nil || !strings.Contains(err.Error(), "no criu lazy-pages daemon") {
+		t.Fatalf("without the daemon's directory: err = %v", err)
+	}
+	lazyDir := checkpoint.LazyPagesDir(dir)
+	if err := os.MkdirAll(lazyDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	release, err := lockLazyRestore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	release() // once
+	if err := checkpoint.MarkLazyFailed(lazyDir, "the receiver died"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockLazyRestore(dir); err == nil || !strings.Contains(err.Error(), "page stream failed (the receiver died)") {
+		t.Fatalf("after the stream failed: err = %v", err)
+	}
+}
+
+func TestProcsFromCgroupFile(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"v1", "12:pids:/default/x\n5:freezer:/default/x\n0::/system.slice/c.scope\n", "/sys/fs/cgroup/freezer/default/x/cgroup.procs"},
+		{"v1 joined controllers", "4:cpu,freezer:/k8s/pod1/c\n", "/sys/fs/cgroup/freezer/k8s/pod1/c/cgroup.procs"},
+		{"v2", "0::/default/x\n", "/sys/fs/cgroup/default/x/cgroup.procs"},
+		{"neither", "3:pids:/x\n", ""},
+	} {
+		if got := procsFromCgroupFile(tc.in); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestLazyFailure(t *testing.T) {
+	bundle := t.TempDir()
+	if got := lazyFailure(bundle); got != "" {
+		t.Fatalf("no file: %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile), []byte("cut\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := lazyFailure(bundle); got != "cut" {
+		t.Fatalf("%q, want cut", got)
+	}
+}

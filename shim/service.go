@@ -324,6 +324,10 @@ type RestoreReport struct {
 	// DeviceMapReason why Create chose it (gpu/devicemap); absent without GPUs.
 	DeviceMap       []gpu.UUIDPair `json:"deviceMap,omitempty"`
 	DeviceMapReason string         `json:"deviceMapReason,omitempty"`
+	// LazyFailure, for a task restored lazily (post-copy), is why its memory pages stopped coming
+	// before all arrived: the guard of the lazy-pages daemon then killed the task before it could
+	// read a missing page (shim/lazy.go). Absent otherwise.
+	LazyFailure string `json:"lazyFailure,omitempty"`
 }
 
 // Start starts the task. A task created from a checkpoint is restored instead: runc restores it
@@ -376,12 +380,22 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 	}
 	ph := checkpoint.NewPhases(s.deps.Now)
 	start := s.deps.Now()
+	var lazyDone func(pid int)
 	if t.plan != nil && t.plan.manifest != nil && t.plan.manifest.PostCopy {
+		guard, err := lockLazyRestore(t.plan.dir)
+		if err != nil {
+			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
+		}
+		defer guard() // not before the task record is written (a failed restore has none)
 		undo, err := useLazyRestore(ctx, t.bundle, t.plan.dir)
 		if err != nil {
 			return nil, fmt.Errorf("restore %s: %w", r.ID, err)
 		}
 		defer undo()
+		lazyDone = func(pid int) {
+			s.recordLazyTask(ctx, r.ID, t.bundle, t.plan.dir, pid)
+			guard()
+		}
 	}
 	var resp *taskAPI.StartResponse
 	if err := ph.Time("criu-restore", func() (err error) {
@@ -389,6 +403,9 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 		return errgrpc.ToNative(err)
 	}); err != nil {
 		return nil, s.explainRestore(ctx, r.ID, t, err)
+	}
+	if lazyDone != nil {
+		lazyDone(int(resp.Pid))
 	}
 	if t.uts != nil {
 		// CRIU wrote the checkpoint's hostname into the pod's UTS namespace: give the pod its own back
@@ -411,6 +428,7 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 	if t.plan != nil {
 		report.DeviceMap, report.DeviceMapReason = t.plan.gpuPairs, t.plan.gpuReason
 	}
+	report.LazyFailure = lazyFailure(t.bundle)
 	s.writeRestoreReport(ctx, t.bundle, report)
 	if gpuErr != nil {
 		// do not leave a task without its device memory running

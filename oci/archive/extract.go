@@ -251,7 +251,7 @@ func writeEntry(root *os.Root, name string, r io.Reader, size int64, buf []byte,
 		h = sha256.New()
 		w = io.MultiWriter(w, h)
 	}
-	n, err := io.CopyBuffer(w, fsutil.ReaderOnly{R: r}, buf)
+	n, err := copyFull(w, r, size, buf)
 	if err != nil {
 		return err
 	}
@@ -262,6 +262,35 @@ func writeEntry(root *os.Root, name string, r io.Reader, size int64, buf []byte,
 		digests[name] = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	}
 	return nil
+}
+
+// copyFull copies up to size bytes from r to w, filling buf before each write: a TLS
+// connection's reads return one record (16 KiB) at a time, and writing (and hashing) each
+// on its own costs a write system call per record. It returns the bytes written; a short
+// stream is no error here (the caller compares with size), r's other errors and w's are.
+func copyFull(w io.Writer, r io.Reader, size int64, buf []byte) (int64, error) {
+	var n int64
+	for n < size {
+		chunk := buf[:min(int64(len(buf)), size-n)]
+		m, rerr := io.ReadFull(r, chunk)
+		if m > 0 {
+			wm, werr := w.Write(chunk[:m])
+			n += int64(wm)
+			if werr != nil {
+				return n, werr
+			}
+			if wm != m {
+				return n, io.ErrShortWrite
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+	return n, nil
 }
 
 // entryTypeName names a tar entry type for error messages.

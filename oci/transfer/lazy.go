@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/criu"
@@ -33,8 +35,10 @@ import (
 //     (criu.CheckLazyRestore); the sender dials before it pauses anything, so a refusal costs
 //     nothing;
 //  2. once the checkpoint of that name is in the receiver's root (its own transfer), marked
-//     PostCopy by its verified manifest, the receiver starts the daemon in
-//     checkpoint.LazyPagesDir and answers a second verdict line: ready (the restore may begin);
+//     PostCopy by its verified manifest, the receiver has its lazy guard (lazyguard.go, which
+//     outlives the receiver and kills the restored task before the daemon may lose its input)
+//     start the daemon in checkpoint.LazyPagesDir and answers a second verdict line: ready (the
+//     restore may begin);
 //  3. frames both ways: CRIU's answers to the daemon, the daemon's requests to CRIU, each
 //     direction ended by an empty frame when its side closes;
 //  4. the receiver's last verdict line: whether the daemon exited successfully, having every
@@ -221,6 +225,11 @@ func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn 
 	if criuPath == "" {
 		criuPath = "criu"
 	}
+	if len(r.LazyGuard) == 0 {
+		err := errors.New("this receiver has no lazy guard (Receiver.LazyGuard): a task restored lazily could run on with missing pages read as zeros if the receiver died")
+		_ = say(err)
+		return pagesDone{fmt.Errorf("lazy pages of %s: %w", name, err)}
+	}
 	if err := criu.New(criuPath).CheckLazyRestore(ctx); err != nil {
 		_ = say(err)
 		return pagesDone{fmt.Errorf("lazy pages of %s: %w", name, err)}
@@ -236,10 +245,12 @@ func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn 
 	return pagesDone{err}
 }
 
-// serveLazy waits for checkpoint name in root, runs the lazy-pages daemon for it, says ready
-// and relays until the daemon exits; once it started serving (a PostCopy checkpoint whose daemon
-// directory it created), it removes the daemon's directory and the checkpoint, however the stream
-// ends. A checkpoint of another mode, or one another stream serves, is refused and left as it is.
+// serveLazy waits for checkpoint name in root, runs the lazy-pages daemon for it under
+// r.LazyGuard, says ready and relays until the guard exits (with the daemon's verdict). Once it
+// started serving (a PostCopy checkpoint whose daemon directory it created), it removes the
+// daemon's directory and the checkpoint, however the stream ends; a checkpoint of another mode,
+// or one another stream serves, is refused and left as it is. It never kills the daemon itself:
+// it ends the guard's control pipe, and the guard kills the restored task first.
 func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string, say func(error) error) (retErr error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
@@ -307,35 +318,71 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 		f.Close()
 		return err
 	}
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		f.Close()
+		sr.Close()
+		sw.Close()
+		return err
+	}
+	defer ctlW.Close()
+	held, err := ours.(*net.TCPConn).File()
+	if err != nil {
+		f.Close()
+		sr.Close()
+		sw.Close()
+		ctlR.Close()
+		return err
+	}
 	logFile := filepath.Join(dir, "lazy-pages.log")
 	criuPath := r.CRIU
 	if criuPath == "" {
 		criuPath = "criu"
 	}
-	cmd := exec.CommandContext(ctx, criuPath, "lazy-pages", "--page-server", "--ps-socket", "3",
-		"--images-dir", filepath.Join(final, checkpoint.ImagesDir), "--work-dir", dir,
-		"-o", logFile, "-v2", "--status-fd", "4")
-	cmd.ExtraFiles = []*os.File{f, sw}
-	if err := cmd.Start(); err != nil {
+	guardLog, err := os.OpenFile(filepath.Join(dir, "lazy-guard.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
 		f.Close()
 		sr.Close()
 		sw.Close()
-		return fmt.Errorf("start criu lazy-pages: %w", err)
+		ctlR.Close()
+		held.Close()
+		return err
 	}
+	// the guard, not this process, runs the daemon: it outlives this process (lazyguard.go)
+	cmd := exec.Command(r.LazyGuard[0], append(append([]string(nil), r.LazyGuard[1:]...), criuPath, final)...)
+	cmd.ExtraFiles = []*os.File{f, sw, held, ctlR}
+	cmd.Stdout, cmd.Stderr = guardLog, guardLog
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
 	f.Close()
 	sw.Close()
+	held.Close()
+	ctlR.Close()
+	guardLog.Close()
+	if err != nil {
+		sr.Close()
+		return fmt.Errorf("start the lazy guard %s: %w", r.LazyGuard[0], err)
+	}
+	// a cancelled receive ends the control pipe: the guard kills the restored task, then the daemon
+	stopCtl := context.AfterFunc(ctx, func() { _ = ctlW.Close() })
+	defer stopCtl()
+	guardErr := func(werr error) string {
+		b, _ := os.ReadFile(filepath.Join(dir, "lazy-guard.log"))
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		return fmt.Sprintf("%v (lazy guard: %s)%s", werr, lines[len(lines)-1], logErrors(logFile))
+	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	var b [1]byte
 	_, rerr := sr.Read(b[:])
 	sr.Close()
 	if rerr != nil {
-		_ = cmd.Process.Kill()
+		_ = ctlW.Close()
 		werr := <-exited
-		return fmt.Errorf("%w: criu lazy-pages did not start: %v%s", ErrPageStream, werr, logErrors(logFile))
+		return fmt.Errorf("%w: criu lazy-pages did not start: %s", ErrPageStream, guardErr(werr))
 	}
 	if err := say(nil); err != nil { // ready: the restore may begin
-		_ = cmd.Process.Kill()
+		_ = ctlW.Close()
 		<-exited
 		return err
 	}
@@ -352,9 +399,9 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 	dw := &drainWriter{w: ours}
 	_, cerr := readFrames(dw, br, nopHash{})
 	if cerr != nil {
-		// the source is gone: the daemon cannot finish; stop it (the restored task must not
-		// run on with pages missing: the caller kills it)
-		_ = cmd.Process.Kill()
+		// the source is gone: the daemon cannot finish; the guard kills the restored task,
+		// then the daemon (a task must not run on with pages missing)
+		_ = ctlW.Close()
 	} else if cw, ok := ours.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
@@ -368,7 +415,7 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 		return fmt.Errorf("%w: cut: %w", ErrPageStream, cerr)
 	}
 	if werr != nil {
-		return fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPageStream, werr, logErrors(logFile))
+		return fmt.Errorf("%w: criu lazy-pages: %s", ErrPageStream, guardErr(werr))
 	}
 	return nil
 }

@@ -142,6 +142,11 @@ type Receiver struct {
 	// CRIU is the criu binary that serves page streams (copy mode, pages.go); "" means "criu"
 	// on PATH.
 	CRIU string
+	// LazyGuard is the command line of the lazy guard (lazyguard.go: `berthctl lazy-guard`),
+	// to which the receiver appends the CRIU binary and the checkpoint directory: it runs the
+	// `criu lazy-pages` daemon of a lazy page stream and outlives this process. Without it the
+	// receiver refuses lazy streams.
+	LazyGuard []string
 
 	mu       sync.Mutex
 	inFlight map[string]*inFlight   // names being received

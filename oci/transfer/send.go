@@ -170,6 +170,8 @@ var SendIdleTimeout = time.Minute
 const VerifyBytesPerSecond = 50 << 20
 
 func stream(conn net.Conn, line []byte, src io.WriterTo, total int64, progress func(sent, total int64)) error {
+	flush := coalesceWrites(conn)
+	defer func() { _ = flush() }() // on errors; after the stream's own flush it writes nothing
 	if _, err := conn.Write(line); err != nil {
 		return err
 	}
@@ -183,6 +185,9 @@ func stream(conn net.Conn, line []byte, src io.WriterTo, total int64, progress f
 		return err
 	}
 	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if err := flush(); err != nil {
 		return err
 	}
 	if n != total {

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -413,5 +414,69 @@ func TestTLSRefusals(t *testing.T) {
 				t.Fatalf("receiver, next sender: %v", d.err)
 			}
 		})
+	}
+}
+
+// countingConn is a net.Conn that records its writes.
+type countingConn struct {
+	net.Conn
+	writes int
+	data   bytes.Buffer
+	err    error
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes++
+	if c.err != nil {
+		return 0, c.err
+	}
+	return c.data.Write(p)
+}
+
+// TestCoalescer: while a stream is sent, TLS records (16 KiB writes) reach the socket in writes
+// of up to coalesceBytes, in order, all of them once the stream's flush ran; otherwise each
+// write goes through at once; a failed write is the flush's error.
+func TestCoalescer(t *testing.T) {
+	under := &countingConn{}
+	c := &coalescer{Conn: under}
+	if _, err := c.Write([]byte("hello")); err != nil || under.writes != 1 {
+		t.Fatalf("before the stream: %d writes, %v; want 1 write through", under.writes, err)
+	}
+	tc := tls.Client(c, &tls.Config{})
+	done := coalesceWrites(Greeted{tc})
+	var want bytes.Buffer
+	want.WriteString("hello")
+	record := make([]byte, 16<<10)
+	for i := range 64 {
+		record[0] = byte(i)
+		want.Write(record)
+		if _, err := c.Write(record); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := done(); err != nil {
+		t.Fatal(err)
+	}
+	if got, most := under.writes-1, 64*len(record)/coalesceBytes; got > most {
+		t.Errorf("64 records of 16 KiB took %d writes, want at most %d", got, most)
+	}
+	if !bytes.Equal(under.data.Bytes(), want.Bytes()) {
+		t.Error("the bytes written differ from those given, or are out of order")
+	}
+	before := under.writes
+	if _, err := c.Write([]byte("after")); err != nil || under.writes != before+1 {
+		t.Errorf("after the stream: %d writes, %v; want 1 more, through", under.writes-before, err)
+	}
+
+	under.err = errors.New("connection reset")
+	done = coalesceWrites(Greeted{tc})
+	if _, err := c.Write(record); err != nil {
+		t.Fatalf("a gathered write failed at once: %v", err)
+	}
+	if err := done(); !errors.Is(err, under.err) {
+		t.Errorf("flush: got %v, want %v", err, under.err)
+	}
+	if done := coalesceWrites(&countingConn{}); done() != nil {
+		t.Error("a connection without TLS: flush failed")
 	}
 }

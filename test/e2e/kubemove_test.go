@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
 	"github.com/berth-dev/berth/test/workload/model"
@@ -80,6 +82,60 @@ func TestKubeMove(t *testing.T) {
 			t.Errorf("owned pod %s after the refused move", p.Status.Phase)
 		}
 		_, _ = c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--wait=false")
+	})
+
+	t.Run("preflight refuses a destination without the image", func(t *testing.T) {
+		// an image only the source node has (a tag of the workload's, imagePullPolicy Never):
+		// the destination's status.images lacks it, and its kubelet would not pull it
+		const only = "localhost/berth/workload:preflight-src-only"
+		if _, err := src.Ctr(ctx, "-n", "k8s.io", "images", "tag", "--force", image.WorkloadRef, only); err != nil {
+			t.Fatal(err)
+		}
+		pod := strings.Replace(kubePodYAML("pfimg", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}), "image: "+image.WorkloadRef, "image: "+only, 1)
+		before := kubeRunPod(t, ctx, c, ns, "pfimg", pod)
+		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "pfimg", "--wait=false") }()
+		list := func(dir string) []string {
+			es, _ := os.ReadDir(dir)
+			var names []string
+			for _, e := range es {
+				names = append(names, e.Name())
+			}
+			return names
+		}
+		agentLog := func() string {
+			out, _ := c.Kubectl(ctx, "-n", "berth-system", "logs", "-l", "app.kubernetes.io/name=berth-agent", "-c", "agent", "--tail=-1")
+			return strconv.Itoa(strings.Count(out, "answered a preflight query"))
+		}
+		archives, stored, answered := list(src.CheckpointDir), list(dst.CheckpointRoot), agentLog()
+		pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "pfimg", "--to", dst.Name)
+		t.Logf("refused move: %s", strings.TrimSpace(stderr))
+		for _, want := range []string{"nothing was checkpointed", "node " + dst.Name + " status.images is without " + only, "needs " + only, "ErrImageNeverPull"} {
+			if err == nil || !strings.Contains(stderr, want) {
+				t.Errorf("move to a node without the image: %v; stderr lacks %q", err, want)
+			}
+		}
+		after := kubeGetPod(t, ctx, c, ns, "pfimg")
+		if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
+			after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("source pod after the refusal: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
+		}
+		if now := list(src.CheckpointDir); strings.Join(now, " ") != strings.Join(archives, " ") {
+			t.Errorf("the kubelet's checkpoint directory on %s after the refusal: %v, before %v (the source was checkpointed)", src.Name, now, archives)
+		}
+		if now := list(dst.CheckpointRoot); strings.Join(now, " ") != strings.Join(stored, " ") {
+			t.Errorf("%s's checkpoint root after the refusal: %v, before %v", dst.Name, now, stored)
+		}
+		if now, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name"); err != nil || now != pods {
+			t.Errorf("pods after the refusal: %q (%v), before %q", now, err, pods)
+		}
+		// the destination's agent answered its part (free disk under its checkpoint root)
+		if now := agentLog(); now == answered {
+			t.Errorf("no preflight query answered by the agents (%s before and after)", now)
+		}
 	})
 
 	t.Run("ReplicaSet adopts the restored pod", func(t *testing.T) {

@@ -2,8 +2,11 @@ package commands
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -15,13 +18,14 @@ import (
 // CheckpointCheck is `berthctl checkpoint check`: the destination preflight of a move by hand.
 func CheckpointCheck(g *Globals) *cobra.Command {
 	var (
-		on, root string
-		nf       nodeFlags
-		output   *format
+		on, root, receiver, needJSON, name string
+		nf                                 nodeFlags
+		tf                                 *tlsFlags
+		output                             *format
 	)
 	cmd := &cobra.Command{
-		Use:   "check --on SOCKET [-n NS] [--root DIR] [-o text|json] DIR|ARCHIVE",
-		Short: "Check that the node of containerd SOCKET (this host) can restore a checkpoint, before it is moved there",
+		Use:   "check (--on SOCKET [-n NS] [--root DIR] | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]) [-o text|json] DIR|ARCHIVE|--need JSON",
+		Short: "Check that the node of containerd SOCKET (this host), or of a 'berthctl receive', can restore a checkpoint, before it is moved there",
 		Long: `check reads the checkpoint's berth.json and spec.dump (a directory, or a tar archive of one) and
 checks the node that containerd --on runs on (this host): the image with the checkpoint's digest
 in namespace -n, every bind source of the spec, the memory limit against the checkpoint's memory
@@ -29,22 +33,56 @@ pages, free memory, namespaces joined by path, free disk under --root (default c
 --config), the fingerprint (CRIU, kernel, CPU, runc, containerd) and, with --gpu, the device
 memory free on this node's GPUs of the checkpoint's models (mapped as the shim will map them:
 each checkpointed GPU onto one with at least the memory the container held). Each refusal names the
-field, its value there and what the checkpoint needs; the exit status is non-zero when any.`,
-		Args: cobra.ExactArgs(1),
+field, its value there and what the checkpoint needs; the exit status is non-zero when any.
+
+--receiver HOST:PORT asks the node of a 'berthctl receive' instead, over the receive protocol's
+preflight query (the TLS flags as 'berthctl send''s): the checks that need that node (bind
+sources, free memory, PIDs, free disk under its --root, the fingerprint, with its --gpu the
+device memory), each answered by the receiver with the root and GPU backend it will use; the
+image is not checked there. --need JSON checks a move.Need (what 'kubectl berth move' asks of the
+destination's berth agent before it checkpoints anything) instead of a checkpoint; --name is the
+checkpoint name the query names (default: the checkpoint's base name, else "preflight").`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if on == "" {
-				return fmt.Errorf("--on is required (the destination containerd socket)")
+			if (len(args) == 1) == (needJSON != "") {
+				return fmt.Errorf("name a checkpoint DIR|ARCHIVE, or --need JSON (one of them)")
+			}
+			if (on == "") == (receiver == "") {
+				return fmt.Errorf("--on (the destination containerd socket, this host) or --receiver (a berthctl receive) is required, not both")
+			}
+			var need move.Need
+			what := "--need"
+			if needJSON != "" {
+				if err := json.Unmarshal([]byte(needJSON), &need); err != nil {
+					return fmt.Errorf("--need: %w", err)
+				}
+			} else {
+				what = args[0]
+				var err error
+				if need, err = move.NeedOfCheckpoint(args[0]); err != nil {
+					return err
+				}
+			}
+			if receiver != "" {
+				if name == "" {
+					name = "preflight"
+					if needJSON == "" {
+						name = strings.TrimSuffix(filepath.Base(filepath.Clean(args[0])), ".tar")
+					}
+				}
+				refusals, err := remotePreflight(ctx, receiver, tf, name, need)
+				if err != nil {
+					return fmt.Errorf("checkpoint check %s on %s: %w", what, receiver, err)
+				}
+				return reportCheck(cmd, output, checkResult{Checkpoint: what, On: receiver, OK: len(refusals) == 0, Refusals: refusals},
+					"bind sources, memory, PIDs, disk, fingerprint, GPU memory as the receiver's node checks them", move.MergeRefusals(refusals, nil))
 			}
 			ns, err := g.namespace()
 			if err != nil {
 				return err
 			}
 			if root, err = g.checkpointRoot(cmd.Flags(), root); err != nil {
-				return err
-			}
-			need, err := move.NeedOfCheckpoint(args[0])
-			if err != nil {
 				return err
 			}
 			n, err := nf.open()
@@ -68,38 +106,52 @@ field, its value there and what the checkpoint needs; the exit status is non-zer
 			if perr != nil && !errors.As(perr, &pe) {
 				return perr
 			}
-			res := checkResult{Checkpoint: args[0], On: on, OK: perr == nil, Refusals: []move.Refusal{}}
+			res := checkResult{Checkpoint: what, On: on, OK: perr == nil, Refusals: []move.Refusal{}}
 			if pe != nil {
 				res.Refusals = pe.Refusals
 			}
-			if output.json() {
-				if err := writeJSON(cmd.OutOrStdout(), res); err != nil {
-					return err
-				}
-			} else if res.OK {
-				checked := "image, bind sources, memory, namespaces, disk, fingerprint"
-				if dst.GPUs != nil {
-					checked += ", GPU memory"
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "ok: %s can be restored on %s (%s)\n", args[0], on, checked)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "refused: %s cannot be restored on %s:\n", args[0], on)
-				for _, r := range res.Refusals {
-					fmt.Fprintf(cmd.OutOrStdout(), "  %s\n", r)
-				}
+			checked := "image, bind sources, memory, namespaces, disk, fingerprint"
+			if dst.GPUs != nil {
+				checked += ", GPU memory"
 			}
-			if perr != nil {
-				return fmt.Errorf("checkpoint check %s: %w", args[0], perr)
-			}
-			return nil
+			return reportCheck(cmd, output, res, checked, perr)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&on, "on", "", "destination containerd socket (required; its node is this host)")
+	f.StringVar(&receiver, "receiver", "", "ask the node of the 'berthctl receive' at HOST:PORT instead of this host")
+	f.StringVar(&needJSON, "need", "", "check this move.Need (JSON) instead of a checkpoint")
+	f.StringVar(&name, "name", "", "with --receiver: the checkpoint name the query names")
+	tf = addTLSFlags(f)
+	tf.addServerName(f)
 	f.StringVar(&root, "root", "", "destination checkpoint root, for the free disk (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	nf.add(f)
 	output = addFormat(f, formatText, formatJSON)
 	return cmd
+}
+
+// reportCheck prints res (-o json: as JSON; else one line, or the refusals) and returns perr
+// (the refusals as an error, nil when none) wrapped with what was checked.
+func reportCheck(cmd *cobra.Command, output *format, res checkResult, checked string, perr error) error {
+	if res.Refusals == nil {
+		res.Refusals = []move.Refusal{}
+	}
+	if output.json() {
+		if err := writeJSON(cmd.OutOrStdout(), res); err != nil {
+			return err
+		}
+	} else if res.OK {
+		fmt.Fprintf(cmd.OutOrStdout(), "ok: %s can be restored on %s (%s)\n", res.Checkpoint, res.On, checked)
+	} else {
+		fmt.Fprintf(cmd.OutOrStdout(), "refused: %s cannot be restored on %s:\n", res.Checkpoint, res.On)
+		for _, r := range res.Refusals {
+			fmt.Fprintf(cmd.OutOrStdout(), "  %s\n", r)
+		}
+	}
+	if perr != nil {
+		return fmt.Errorf("checkpoint check %s: %w", res.Checkpoint, perr)
+	}
+	return nil
 }
 
 // checkResult is what `berthctl checkpoint check` prints with -o json.

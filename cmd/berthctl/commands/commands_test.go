@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -204,5 +205,69 @@ func TestFlagErrors(t *testing.T) {
 				t.Errorf("err = %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestCheckReceiver: `checkpoint check --receiver --need` asks a berthctl receive's node over the
+// receive protocol's preflight query (what kubectl berth move runs in the destination's agent):
+// a need that fits its checkpoint root passes; one that does not is refused naming the field,
+// the value and the limit, with the answer as JSON on stdout and a non-zero exit.
+func TestCheckReceiver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	root := t.TempDir()
+	tr := newTrust(t)
+	pr, pw := io.Pipe()
+	rcv := Receive(tr.g)
+	rcv.SetOut(pw)
+	rcv.SetErr(io.Discard)
+	rcv.SetArgs([]string{"--listen", "127.0.0.1:0", "--root", root, "-o", "json"})
+	done := make(chan error, 1)
+	go func() { done <- rcv.ExecuteContext(ctx); pw.Close() }()
+	events := bufio.NewScanner(pr)
+	if !events.Scan() {
+		t.Fatalf("receive ended: %v", events.Err())
+	}
+	var l receiveEvent
+	if err := json.Unmarshal(events.Bytes(), &l); err != nil || l.Event != "listening" {
+		t.Fatalf("first event %q: %v", events.Text(), err)
+	}
+	answered := make(chan string, 4)
+	go func() {
+		for events.Scan() {
+			answered <- events.Text()
+		}
+	}()
+	check := func(need string) (checkResult, error) {
+		t.Helper()
+		cmd := CheckpointCheck(tr.g)
+		cmd.SilenceUsage = true // as under berthctl's root
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(io.Discard)
+		cmd.SetArgs([]string{"--receiver", l.Address, "--name", "ns-pod-1", "--need", need, "-o", "json"})
+		err := cmd.ExecuteContext(ctx)
+		var res checkResult
+		if jerr := json.Unmarshal(out.Bytes(), &res); jerr != nil {
+			t.Fatalf("check -o json printed %q: %v (exit %v)", out.String(), jerr, err)
+		}
+		return res, err
+	}
+	if res, err := check(`{"diskBytes": 1024}`); err != nil || !res.OK || len(res.Refusals) != 0 || res.On != l.Address {
+		t.Errorf("a need that fits: %+v, %v", res, err)
+	}
+	res, err := check(`{"diskBytes": 1000000000000000000}`)
+	if err == nil || !errors.Is(err, move.ErrPreflight) || res.OK || len(res.Refusals) != 1 {
+		t.Fatalf("a need beyond the disk: %+v, %v", res, err)
+	}
+	if r := res.Refusals[0]; r.Field != "free disk under "+root || !strings.HasSuffix(r.Value, " bytes") || r.Limit != ">= 1000000000000000000 bytes" {
+		t.Errorf("refusal %+v", r)
+	}
+	if e := <-answered; !strings.Contains(e, `"event":"preflight"`) {
+		t.Errorf("receive reported %s, want its preflight answer", e)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("receive: %v", err)
 	}
 }

@@ -72,6 +72,13 @@ container's memory are not undone. The pages are covered by the connection's aut
 not by the checkpoint's signature (contrib/TRUST.md). Up-front, before anything is paused: CRIU
 on this node needs fs.pipe-max-size >= 4 MiB or CAP_SYS_RESOURCE, the destination userfaultfd;
 each refusal says how to fix it. --leave-running resumes the source once every page arrived.
+The receiver's lazy-pages daemon runs under a guard process ('berthctl lazy-guard', its own
+session) that outlives this process and the receiver: if either dies, or the daemon fails,
+before every page arrived, the guard SIGKILLs the destination task's cgroup and waits until no
+process is left before the daemon lets go of the task's memory (a page not yet arrived would
+then read as zeros), and removes the container; the source resumes by its pause lease. Not
+covered: the daemon itself killed or crashing (the task can read zeros for the milliseconds
+until the guard killed it), the guard itself killed (contrib/TRUST.md).
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
 checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
@@ -223,7 +230,7 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 				// The in-process receiver does not fsync: a migration restores the checkpoint at
 				// once, and if anything fails the source is resumed, so the copy never has to
 				// outlive a crash. A standalone `berthctl receive` keeps checkpoints durably.
-				rcv := &transfer.Receiver{Root: root, NoSync: true, Verify: func(ctx context.Context, dir string) error {
+				rcv := &transfer.Receiver{Root: root, NoSync: true, LazyGuard: lazyGuardArgv(), Verify: func(ctx context.Context, dir string) error {
 					_, err := verifyCheckpoint(ctx, policy, dir, cmd.ErrOrStderr())
 					return err
 				}}

@@ -72,10 +72,20 @@ func Move(g *Globals) *cobra.Command {
 		Short: "Move a running pod (runtimeClassName berth) to another Kubernetes node",
 		Long: `move moves a running pod of the berth runtime to another node through the Kubernetes API:
 
-  1. the kubelet checkpoint API on the pod's node, through the API server
-     (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER); the pod keeps running;
-  2. the node: --to NODE, else the first Ready node (by name) other than the source whose labels
-     match the checkpoint's selector ('berthctl checkpoint selector');
+  1. the destination preflight, before anything is frozen: the node (--to NODE, else the first
+     node by name other than the source whose berth labels match the source node's and that
+     passes) is checked against the source container's memory and checkpoint estimate (the
+     source kubelet's stats summary): Ready, no Memory/Disk/PIDPressure, not cordoned, no taint
+     the pod does not tolerate, the berth fingerprint labels of the source node, the image in
+     status.images (imagePullPolicy Never), the pod's requests within allocatable minus what its
+     pods request, node.memory.availableBytes and node.fs.availableBytes of its kubelet, the source
+     node's free disk for the archive, and (--transfer agent) the free disk of berth's checkpoint
+     root as the destination's agent answers it ('berthctl checkpoint check --receiver' in that
+     agent). Each refusal names the field, its value and the limit; nothing is checkpointed;
+  2. the kubelet checkpoint API on the pod's node, through the API server
+     (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER), which freezes the container
+     while CRIU dumps it; the pod keeps running; the checkpoint's selector ('berthctl checkpoint
+     selector') must match the node chosen;
   3. the kubelet's archive sent from the source node to that node (--transfer);
   4. a restore pod created from the source pod's spec, labels and annotations, with
      berth.dev/restore-from naming the checkpoint and a nodeSelector of the checkpoint's labels and
@@ -119,7 +129,7 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 			switch via {
 			case "agent":
 				agents.Client, agents.Config = cs, cfg
-				o.Transfer, o.Selector = agents, agents.ArchiveSelector
+				o.Transfer, o.Selector, o.Preflight = agents, agents.ArchiveSelector, agents.Preflight
 			case "shared-fs":
 				root := rootTmpl
 				if root == "" {

@@ -283,6 +283,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 				here.GPUs = n.gpu.Inventory()
 			}
 			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout, NoSync: noSync,
+				LazyGuard: lazyGuardArgv(),
 				Preflight: func(ctx context.Context, q json.RawMessage) (json.RawMessage, error) {
 					a, err := move.AnswerPreflight(ctx, here, q)
 					if err == nil {

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/streaming/pkg/httpstream"
+
+	"github.com/berth-dev/berth/cmd/berthctl/move"
 )
 
 // The node agents: the berth-agent DaemonSet of contrib/kubernetes runs `berthctl receive` on
@@ -224,4 +226,38 @@ func agentAddress(p *corev1.Pod, container string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("berth agent %s/%s: container %s has no port named %s", p.Namespace, p.Name, container, AgentPortName)
+}
+
+// Preflight asks node's berth agent whether that node can take need (a NodePreflight): it runs
+// `berthctl checkpoint check --receiver ADDR --need JSON` in the agent's container, which sends
+// the receive protocol's preflight query (move.RemotePreflight, over the agent's mutual TLS) to
+// the agent's own receiver on ADDR (agentAddress), so the answer is the receiver's: the free disk
+// of the checkpoint root it writes into, and the device memory of its --gpu backend. It returns
+// the receiver's refusals. Errors: no agent (ErrNoAgent), or a check that gave no answer (an
+// agent without --need, a receiver that answers no preflight), each naming the agent pod.
+func (a *Agents) Preflight(ctx context.Context, node, name string, need move.Need) ([]move.Refusal, error) {
+	p, err := a.pod(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := agentAddress(p, a.Container)
+	if err != nil {
+		return nil, err
+	}
+	q, err := json.Marshal(need)
+	if err != nil {
+		return nil, err
+	}
+	out, err := a.exec(ctx, p, agentBerthctl, "checkpoint", "check", "-o", "json", "--receiver", addr, "--name", name, "--need", string(q))
+	// a refusal exits non-zero with the answer on stdout
+	var res struct {
+		Refusals []move.Refusal `json:"refusals"`
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil || res.Refusals == nil {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("checkpoint check in %s/%s: %v: no answer in %.200q", p.Namespace, p.Name, jerr, out)
+	}
+	return res.Refusals, nil
 }

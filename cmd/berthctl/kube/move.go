@@ -1,5 +1,6 @@
 // Package kube moves a running pod of the berth runtime from one Kubernetes node to another
-// through the Kubernetes API, as a user could by hand: the kubelet checkpoint API (through the
+// through the Kubernetes API, as a user could by hand: a destination preflight (preflight.go)
+// before anything is frozen, the kubelet checkpoint API (through the
 // API server's node proxy), the archive brought to the destination node (by the node agents,
 // agents.go, or a shared file system, transfer.go), a restore pod created
 // from the source pod's spec with the berth.dev/restore-from annotation and a node selector, and
@@ -63,7 +64,8 @@ type Options struct {
 	Namespace, Pod string
 	// Container is the container to checkpoint; "" for the pod's only container.
 	Container string
-	// To is the destination node; "" for any other Ready node whose labels match the checkpoint.
+	// To is the destination node; "" for the first other node by name whose berth labels match
+	// the source node's and that passes the preflight.
 	To string
 	// Name is the restore pod's name; "" for POD-<suffix>.
 	Name string
@@ -73,6 +75,12 @@ type Options struct {
 	// machine through Transfer's view of the source node).
 	Selector func(ctx context.Context, node, archive string) (map[string]string, error)
 	Transfer Transfer
+	// Stats reads a node's kubelet stats summary for the preflight; nil: KubeletStats (through
+	// the API server's node proxy).
+	Stats StatsFunc
+	// Preflight asks the destination node itself (Agents.Preflight: its berth agent's receiver)
+	// what only it can tell; nil: the preflight reads the API server and the kubelets only.
+	Preflight NodePreflight
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
 	// Now is the clock (time.Now when nil).
@@ -104,7 +112,10 @@ type Result struct {
 	TotalMs    float64           `json:"totalMs"`
 }
 
-// Move moves the pod o.Namespace/o.Pod. On any error before the restore pod is Ready, the
+// Move moves the pod o.Namespace/o.Pod. The destination preflight (preflight.go) runs before
+// the kubelet checkpoint API: its refusals come back as a *move.PreflightError (errors.Is
+// move.ErrPreflight, errdefs FailedPrecondition) with nothing checkpointed, sent or created.
+// On any error before the restore pod is Ready, the
 // source pod keeps running (the kubelet checkpoint API leaves it running), and what was made on
 // the destination (restore pod, copied archive) is removed.
 func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result, retErr error) {
@@ -140,6 +151,15 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		res.Controller = c.Kind + "/" + c.Name
 	}
 	res.From = src.Spec.NodeName
+	// the destination preflight (preflight.go), before the kubelet freezes the container
+	res.Checkpoint = fmt.Sprintf("%s-%s-%d", o.Namespace, o.Pod, now().UnixNano())
+	if _, dir := o.Transfer.(interface{ StoresDirectory() }); !dir {
+		res.Checkpoint += ".tar" // the archive as it is: ls and gc know archives by the suffix
+	}
+	if o.To, err = preflight(ctx, cs, o, src, container, res.Checkpoint); err != nil {
+		return nil, errPreflight(o.Namespace, o.Pod, err)
+	}
+	res.To = o.To
 	phase("preflight", t0)
 
 	// the kubelet checkpoint API, through the API server's node proxy
@@ -163,23 +183,15 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s on %s: %w", res.Archive, src.Spec.NodeName, err)
 	}
-	if o.To == "" {
-		if o.To, err = pickNode(ctx, cs, sel, src.Spec.NodeName); err != nil {
-			return nil, err
-		}
-	} else if o.To == src.Spec.NodeName {
-		return nil, fmt.Errorf("%w: %s/%s already runs on %s", ErrNotMovable, o.Namespace, o.Pod, o.To)
+	// the preflight chose the node by the source node's labels: the checkpoint's must match too
+	if err := matchNode(ctx, cs, sel, o.To); err != nil {
+		return nil, err
 	}
-	res.To = o.To
 	res.Selector = maps.Clone(sel)
 	res.Selector[hostnameLabel] = o.To
 	phase("choose-node", t0)
 
 	t0 = now()
-	res.Checkpoint = fmt.Sprintf("%s-%s-%d", o.Namespace, o.Pod, now().UnixNano())
-	if _, dir := o.Transfer.(interface{ StoresDirectory() }); !dir {
-		res.Checkpoint += ".tar" // the archive as it is: ls and gc know archives by the suffix
-	}
 	if res.Bytes, err = o.Transfer.Copy(ctx, src.Spec.NodeName, res.Archive, o.To, res.Checkpoint); err != nil {
 		_ = o.Transfer.Remove(context.WithoutCancel(ctx), o.To, res.Checkpoint)
 		return nil, fmt.Errorf("bring %s from %s to %s: %w", res.Archive, src.Spec.NodeName, o.To, err)
@@ -306,29 +318,16 @@ func restorePod(src *corev1.Pod, o Options, res *Result) *corev1.Pod {
 // AnnotationMovedFrom records on a restore pod the pod it was moved from (namespace/name@node).
 const AnnotationMovedFrom = "berth.dev/moved-from"
 
-// pickNode returns the first Ready, schedulable node (by name) other than exclude whose labels
-// match sel.
-func pickNode(ctx context.Context, cs kubernetes.Interface, sel map[string]string, exclude string) (string, error) {
-	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+// matchNode checks that node's labels match sel (the checkpoint's node selector).
+func matchNode(ctx context.Context, cs kubernetes.Interface, sel map[string]string, node string) error {
+	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return "", fmt.Errorf("list nodes: %w", err)
+		return fmt.Errorf("node %s: %w", node, err)
 	}
-	var names []string
-	for _, n := range nodes.Items {
-		if n.Name == exclude || n.Spec.Unschedulable {
-			continue
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				names = append(names, n.Name)
-			}
-		}
+	if !labels.SelectorFromSet(sel).Matches(labels.Set(n.Labels)) {
+		return fmt.Errorf("%w: node %s's labels do not match the checkpoint's selector %v (the source node's labels were stale)", ErrNoNode, node, sel)
 	}
-	if len(names) == 0 {
-		return "", fmt.Errorf("%w: no Ready node but %s has the labels %v", ErrNoNode, exclude, sel)
-	}
-	slices.Sort(names)
-	return names[0], nil
+	return nil
 }
 
 // failedWaiting are the reasons of a waiting container that a restore does not recover from.

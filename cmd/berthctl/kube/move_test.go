@@ -81,23 +81,13 @@ func TestRestorePod(t *testing.T) {
 	}
 }
 
-func TestPickNode(t *testing.T) {
-	node := func(name string, ready bool, l map[string]string) *corev1.Node {
-		st := corev1.ConditionFalse
-		if ready {
-			st = corev1.ConditionTrue
-		}
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
-			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}}}}
+func TestMatchNode(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kube2", Labels: map[string]string{"berth.dev/fingerprint": "f"}}})
+	if err := matchNode(context.Background(), cs, map[string]string{"berth.dev/fingerprint": "f"}, "kube2"); err != nil {
+		t.Errorf("matchNode: %v", err)
 	}
-	match := map[string]string{"berth.dev/fingerprint": "f"}
-	cs := fake.NewClientset(node("kube1", true, match), node("kube2", false, match), node("kube3", true, match),
-		node("kube4", true, map[string]string{"berth.dev/fingerprint": "g"}))
-	if n, err := pickNode(context.Background(), cs, match, "kube1"); err != nil || n != "kube3" {
-		t.Errorf("pickNode = %q, %v; want kube3", n, err)
-	}
-	if _, err := pickNode(context.Background(), cs, map[string]string{"berth.dev/fingerprint": "g"}, "kube4"); !errors.Is(err, ErrNoNode) {
-		t.Errorf("pickNode without a match: %v", err)
+	if err := matchNode(context.Background(), cs, map[string]string{"berth.dev/fingerprint": "g"}, "kube2"); !errors.Is(err, ErrNoNode) {
+		t.Errorf("matchNode with other labels: %v, want ErrNoNode", err)
 	}
 }
 

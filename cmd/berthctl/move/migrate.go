@@ -80,7 +80,9 @@ type MigrateResult struct {
 // lazy-pages daemon, the destination or the source's CRIU), the destination task is killed and
 // removed, the source resumes, and the error says so: what the destination task did in that
 // window (answers it gave, writes outside its memory) is lost with it. Errors wrapping
-// ErrLazyRolledBack are those.
+// ErrLazyRolledBack are those. If this process dies in that window, the guard of the
+// destination's lazy-pages daemon (oci/transfer's lazy guard) kills and removes the destination
+// task, and the source's pause lease resumes it.
 func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr error) {
 	if o.TargetID == "" {
 		o.TargetID = o.ID
@@ -217,12 +219,31 @@ func removeTask(ctx context.Context, c *containerd.Client, ns, id string, task c
 			errs = append(errs, err)
 		}
 	}
+	// the destination's lazy guard may be removing it too
 	if ctr, err := c.LoadContainer(ctx, id); err == nil {
-		if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+		if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveContainer kills and deletes container id's task, if any, and removes the container
+// with its writable layer, on c in namespace ns; what is already gone is not an error.
+func RemoveContainer(ctx context.Context, c *containerd.Client, ns, id string) error {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	ctr, err := c.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return removeTask(ctx, c, ns, id, task)
 }
 
 // stopTask kills a (paused) task and deletes it; the container record stays.

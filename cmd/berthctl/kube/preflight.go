@@ -1,0 +1,395 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/distribution/reference"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	resourcehelper "k8s.io/component-helpers/resource"
+	schedhelper "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/oci/fingerprint"
+)
+
+// The destination preflight of a Kubernetes move, run before the kubelet checkpoint API (which
+// freezes the container while CRIU dumps it): each refusal names the field, its value and the
+// limit (move.Refusal, as migrate's and `berthctl checkpoint check`'s), and on any refusal
+// nothing has been checkpointed, sent or created.
+//
+// Its facts come from what Kubernetes already publishes, read through the API server:
+//   - the source container's memory (rssBytes, else workingSetBytes) and its writable layer
+//     (rootfs usedBytes) from the source kubelet's stats summary
+//     (/api/v1/nodes/NODE/proxy/stats/summary): their sum is the checkpoint size estimate (CRIU's
+//     pages are the resident memory; the archive adds the rootfs diff);
+//   - the destination Node object: conditions Ready, MemoryPressure, DiskPressure, PIDPressure,
+//     spec.unschedulable and taints the pod does not tolerate (the restore pod would stay
+//     Pending), status.images (the image, when imagePullPolicy is Never: the kubelet would answer
+//     ErrImageNeverPull), allocatable minus the requests of the pods bound there (the restore pod
+//     must be scheduled: cpu, memory, nvidia.com/gpu and any other requested resource), and the
+//     berth fingerprint labels (the restore pod's nodeSelector) against the source node's;
+//   - the destination kubelet's stats summary: node.memory.availableBytes against the container's
+//     memory (not its limit: a pod limited to 16Gi that holds 1Gi needs 1Gi), node.fs.
+//     availableBytes against the estimate; the source's node.fs.availableBytes too (the kubelet
+//     writes the archive into its checkpoint directory on that file system first).
+//
+// What only the destination node can tell (the free disk of berth's checkpoint root, which may be
+// another file system than the kubelet's) is asked of the
+// destination's berth agent with the receive protocol's own preflight query (move.RemotePreflight):
+// Agents.Preflight runs `berthctl checkpoint check --receiver` in that agent, which sends the query
+// to its own receiver, so the answer is the receiver's, with the root and GPU backend it will use.
+// The agent's container is not given the host's file system or PID namespace (least privilege):
+// bind sources (hostPath volumes) and host PIDs are not asked there; the kubelet checks hostPath
+// types when it creates the restore pod, and the shim refuses a missing bind source before CRIU
+// runs (the move then rolls back with the source still running). GPU device memory is checked
+// only as the nvidia.com/gpu count (requests against allocatable): what the container holds on
+// each GPU (move.GPUNeedOfSource) needs the source node's GPU backend and host PIDs, which the
+// agents do not have.
+
+// NodePreflight is what Options.Preflight is: the destination node's own answer to need (its
+// berth agent's receiver), for the checkpoint name the move will send. It returns that node's
+// refusals (none: it can take the container); an error when the node could not be asked.
+type NodePreflight func(ctx context.Context, node, name string, need move.Need) ([]move.Refusal, error)
+
+// StatsFunc returns the kubelet stats summary of node (kubelet's /stats/summary).
+type StatsFunc func(ctx context.Context, node string) (*statsapi.Summary, error)
+
+// KubeletStats returns StatsFunc through the API server's node proxy
+// (GET /api/v1/nodes/NODE/proxy/stats/summary, RBAC nodes/proxy: what the checkpoint API needs).
+func KubeletStats(cs kubernetes.Interface) StatsFunc {
+	return func(ctx context.Context, node string) (*statsapi.Summary, error) {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", node, "proxy", "stats", "summary").Do(ctx).Raw()
+		if err != nil {
+			return nil, fmt.Errorf("kubelet stats summary of %s: %w", node, err)
+		}
+		var s statsapi.Summary
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("kubelet stats summary of %s: %w", node, err)
+		}
+		return &s, nil
+	}
+}
+
+// maxNodeImages is the kubelet's default --node-status-max-images: a node's status.images holds
+// at most this many images, so an image absent from a full list may still be there.
+const maxNodeImages = 50
+
+// sourceFacts is what the preflight reads of the source once, before any destination is checked.
+type sourceFacts struct {
+	pod       *corev1.Pod
+	container corev1.Container
+	node      *corev1.Node
+	// memory is the container's resident memory in bytes (0: the kubelet has no figure yet);
+	// estimate is memory plus its writable layer: the checkpoint's size.
+	memory, estimate int64
+	// nodeFsFree is the source node's node.fs.availableBytes (-1: unknown).
+	nodeFsFree int64
+}
+
+// readSource reads the source node and its kubelet's stats of the pod's container.
+func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p *corev1.Pod, container string) (*sourceFacts, error) {
+	f := &sourceFacts{pod: p, nodeFsFree: -1}
+	for _, c := range p.Spec.Containers {
+		if c.Name == container {
+			f.container = c
+		}
+	}
+	var err error
+	if f.node, err = cs.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{}); err != nil {
+		return nil, fmt.Errorf("source node %s: %w", p.Spec.NodeName, err)
+	}
+	sum, err := stats(ctx, p.Spec.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	if fs := sum.Node.Fs; fs != nil && fs.AvailableBytes != nil {
+		f.nodeFsFree = int64(*fs.AvailableBytes)
+	}
+	for _, ps := range sum.Pods {
+		if ps.PodRef.Namespace != p.Namespace || ps.PodRef.Name != p.Name || (ps.PodRef.UID != "" && ps.PodRef.UID != string(p.UID)) {
+			continue
+		}
+		for _, c := range ps.Containers {
+			if c.Name != container {
+				continue
+			}
+			if m := c.Memory; m != nil {
+				switch {
+				case m.RSSBytes != nil && *m.RSSBytes > 0:
+					f.memory = int64(*m.RSSBytes)
+				case m.WorkingSetBytes != nil:
+					f.memory = int64(*m.WorkingSetBytes)
+				}
+			}
+			f.estimate = f.memory
+			if r := c.Rootfs; r != nil && r.UsedBytes != nil {
+				f.estimate += int64(*r.UsedBytes)
+			}
+		}
+	}
+	return f, nil
+}
+
+// sourceRefusals are the refusals of the source side: the source node's free disk for the
+// kubelet's archive.
+func sourceRefusals(f *sourceFacts) []move.Refusal {
+	if f.nodeFsFree >= 0 && f.estimate > 0 && f.nodeFsFree < f.estimate {
+		return []move.Refusal{{
+			Field: "source node " + f.node.Name + " node.fs.availableBytes (the kubelet's checkpoint directory)",
+			Value: bytesOf(f.nodeFsFree), Limit: ">= " + bytesOf(f.estimate) + " (the checkpoint estimate: the container's memory and writable layer)",
+			Fix: "free disk on " + f.node.Name + " (kubelet checkpoints are never deleted by the kubelet: berthctl checkpoint gc)",
+		}}
+	}
+	return nil
+}
+
+// destinationRefusals checks node dst (read from the API server, its kubelet's stats summary,
+// and with ask its own berth agent) for the container of f, naming the checkpoint name. It
+// returns the refusals (nil: dst can take it), or the error of a read that failed.
+func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, ask NodePreflight, f *sourceFacts, dst *corev1.Node, name string) ([]move.Refusal, error) {
+	var out []move.Refusal
+	on := "node " + dst.Name + " "
+	refuse := func(field, value, limit, fix string) {
+		out = append(out, move.Refusal{Field: on + field, Value: value, Limit: limit, Fix: fix})
+	}
+
+	// conditions: the restore pod must be admitted and stay
+	ready := false
+	for _, c := range dst.Status.Conditions {
+		switch c.Type {
+		case corev1.NodeReady:
+			ready = c.Status == corev1.ConditionTrue
+			if !ready {
+				refuse("condition Ready", conditionValue(c), "True", "restore on a Ready node")
+			}
+		case corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure:
+			if c.Status == corev1.ConditionTrue {
+				refuse("condition "+string(c.Type), conditionValue(c), "False", "the kubelet evicts pods and refuses new ones under "+string(c.Type))
+			}
+		}
+	}
+	if !ready && !slices.ContainsFunc(dst.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady }) {
+		refuse("condition Ready", "absent", "True", "restore on a Ready node")
+	}
+	if dst.Spec.Unschedulable {
+		refuse("spec.unschedulable", "true", "false", "kubectl uncordon "+dst.Name)
+	}
+	if t, ok := schedhelper.FindMatchingUntoleratedTaint(klog.Background(), dst.Spec.Taints, f.pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+		return (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute) && t.Key != corev1.TaintNodeUnschedulable
+	}, false); ok {
+		refuse("taint", t.ToString(), "a taint the pod tolerates", "add a toleration to the pod, or remove the taint")
+	}
+
+	// the fingerprint labels: the restore pod's nodeSelector is the checkpoint's, the source node's
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range f.node.Labels {
+			if fingerprint.ExactLabel(k) && !yield(k) {
+				return
+			}
+		}
+	}) {
+		want := f.node.Labels[k]
+		got, ok := dst.Labels[k]
+		if !ok {
+			got = "absent"
+		}
+		if got != want {
+			refuse("label "+k, strconv.Quote(got), strconv.Quote(want)+" (the source node's: the checkpoint's fingerprint)",
+				"restore on a node whose berth labels match the source's (CRIU restores only onto the same fingerprint)")
+		}
+	}
+
+	// the image, which a restore pod with imagePullPolicy Never cannot pull
+	if f.container.ImagePullPolicy == corev1.PullNever && len(dst.Status.Images) < maxNodeImages && !nodeHasImage(dst, f.container.Image) {
+		refuse("status.images", "without "+f.container.Image+" ("+strconv.Itoa(len(dst.Status.Images))+" images)", f.container.Image,
+			"load the image on "+dst.Name+": with imagePullPolicy Never the kubelet does not pull it (ErrImageNeverPull)")
+	}
+
+	// scheduling: allocatable minus what the pods bound there request
+	want := resourcehelper.PodRequests(f.pod, resourcehelper.PodResourcesOptions{})
+	if len(want) > 0 {
+		pods, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", dst.Name).String()})
+		if err != nil {
+			return nil, fmt.Errorf("pods on %s: %w", dst.Name, err)
+		}
+		used := corev1.ResourceList{}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.Spec.NodeName != dst.Name || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			for r, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{}) {
+				u := used[r]
+				u.Add(q)
+				used[r] = u
+			}
+		}
+		for _, r := range slices.Sorted(maps.Keys(want)) {
+			q := want[r]
+			if q.IsZero() {
+				continue
+			}
+			alloc := dst.Status.Allocatable[r]
+			free := alloc.DeepCopy()
+			u := used[r]
+			free.Sub(u)
+			if free.Cmp(q) < 0 {
+				refuse("status.allocatable["+string(r)+"] minus the requests of its pods", free.String()+" free ("+alloc.String()+" allocatable, "+u.String()+" requested)",
+					">= "+q.String()+" (the pod's request)", "free "+string(r)+" on "+dst.Name+": the restore pod would stay Pending")
+			}
+		}
+	}
+
+	// the destination kubelet's own figures
+	sum, err := stats(ctx, dst.Name)
+	if err != nil {
+		return nil, err
+	}
+	if m := sum.Node.Memory; f.memory > 0 && m != nil && m.AvailableBytes != nil && int64(*m.AvailableBytes) < f.memory {
+		refuse("node.memory.availableBytes", bytesOf(int64(*m.AvailableBytes)), ">= "+bytesOf(f.memory)+" (the container's resident memory on "+f.node.Name+")",
+			"free memory on "+dst.Name+": CRIU restores every page before the container runs")
+	}
+	if fs := sum.Node.Fs; f.estimate > 0 && fs != nil && fs.AvailableBytes != nil && int64(*fs.AvailableBytes) < f.estimate {
+		refuse("node.fs.availableBytes", bytesOf(int64(*fs.AvailableBytes)), ">= "+bytesOf(f.estimate)+" (the checkpoint estimate: the container's memory and writable layer)",
+			"free disk on "+dst.Name)
+	}
+
+	// what only the node can tell: its berth agent's receiver
+	if ask != nil {
+		rs, err := ask(ctx, dst.Name, name, move.Need{DiskBytes: f.estimate})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			r.Field = on + r.Field
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// nodeHasImage reports whether image (as a pod names it) is among n's status.images: by its
+// normalized name (docker.io/library/..., :latest when untagged), as the kubelet looks it up.
+func nodeHasImage(n *corev1.Node, image string) bool {
+	want := normalizeImage(image)
+	for _, img := range n.Status.Images {
+		for _, name := range img.Names {
+			if normalizeImage(name) == want {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func normalizeImage(s string) string {
+	r, err := reference.ParseNormalizedNamed(s)
+	if err != nil {
+		return s
+	}
+	return reference.TagNameOnly(r).String()
+}
+
+func conditionValue(c corev1.NodeCondition) string {
+	v := string(c.Status)
+	if c.Reason != "" || c.Message != "" {
+		v += " (" + strings.TrimSpace(c.Reason+" "+c.Message) + ")"
+	}
+	return v
+}
+
+// bytesOf is n bytes as "N bytes (X MiB)".
+func bytesOf(n int64) string {
+	return fmt.Sprintf("%d bytes (%s)", n, resource.NewQuantity(n, resource.BinarySI).String())
+}
+
+// candidates returns the nodes a move of f may go to: to (must not be the source), else every
+// schedulable node but the source whose labels match the source node's fingerprint labels, by
+// name.
+func candidates(ctx context.Context, cs kubernetes.Interface, f *sourceFacts, to string) ([]*corev1.Node, error) {
+	if to != "" {
+		if to == f.node.Name {
+			return nil, fmt.Errorf("%w: %s/%s already runs on %s", ErrNotMovable, f.pod.Namespace, f.pod.Name, to)
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, to, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("destination node %s: %w", to, err)
+		}
+		return []*corev1.Node{n}, nil
+	}
+	sel := map[string]string{}
+	for k, v := range f.node.Labels {
+		if fingerprint.ExactLabel(k) {
+			sel[k] = v
+		}
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	var out []*corev1.Node
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; n.Name != f.node.Name {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no node but %s has the berth labels %v", ErrNoNode, f.node.Name, sel)
+	}
+	return out, nil
+}
+
+// preflight reads the source and checks the destination (o.To, else the first candidate by name
+// that passes). It returns the chosen node, or a *move.PreflightError with the refusals (for every
+// candidate, each field naming its node), or the error of a read that failed.
+func preflight(ctx context.Context, cs kubernetes.Interface, o Options, src *corev1.Pod, container, name string) (string, error) {
+	stats := o.Stats
+	if stats == nil {
+		stats = KubeletStats(cs)
+	}
+	f, err := readSource(ctx, cs, stats, src, container)
+	if err != nil {
+		return "", err
+	}
+	refusals := sourceRefusals(f)
+	nodes, err := candidates(ctx, cs, f, o.To)
+	if err != nil {
+		return "", err
+	}
+	var all []move.Refusal
+	for _, n := range nodes {
+		rs, err := destinationRefusals(ctx, cs, stats, o.Preflight, f, n, name)
+		if err != nil {
+			return "", err
+		}
+		if len(rs) == 0 && len(refusals) == 0 {
+			return n.Name, nil
+		}
+		all = append(all, rs...)
+	}
+	return "", &move.PreflightError{Refusals: append(refusals, all...)}
+}
+
+// errPreflight wraps a preflight's refusals for the move's error: nothing was checkpointed.
+func errPreflight(ns, pod string, err error) error {
+	var pe *move.PreflightError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("move pod %s/%s: nothing was checkpointed: %w", ns, pod, err)
+	}
+	return fmt.Errorf("move pod %s/%s: preflight (nothing was checkpointed): %w", ns, pod, err)
+}

@@ -1,0 +1,259 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	apievents "github.com/containerd/containerd/api/events"
+	containerd "github.com/containerd/containerd/v2/client"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/berth-dev/berth/test/node"
+	"github.com/berth-dev/berth/test/workload/client"
+)
+
+// stallProxy forwards connections to target; once n bytes went from a client to target on
+// one connection, that direction of that connection stalls (nothing more is forwarded; the
+// connection is closed once the client closed it) and at is called once, in its own goroutine.
+func stallProxy(t *testing.T, target string, n int64, at func()) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	fltNoErr(t, err)
+	var once sync.Once
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			mu.Lock()
+			held = append(held, in, out)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+			go func() {
+				if k, _ := io.CopyN(out, in, n); k == n {
+					once.Do(func() { go at() })
+					// stalled: nothing more is forwarded; the client's end still ends the
+					// connection (a killed client is a cut link, as without the proxy)
+					_, _ = io.Copy(io.Discard, in)
+				}
+				out.Close()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestLazyModeBerthctlKilled kills the mover during the lazy window: the destination task was
+// restored and runs while its pages still come from the frozen source, and the page stream is
+// stalled (deterministically, by a proxy after 16 MiB of pages) so that most of the 256 MiB
+// are missing. Then `berthctl migrate` is SIGKILLed (and, in the second case, the destination's
+// `berthctl receive` too, which runs the lazy-pages daemon's guard). The daemon's guard must
+// kill the destination task before the daemon loses its input: a request to the destination
+// task made in the window (it reads the weights, mostly missing pages) never answers with a
+// wrong checksum (missing pages read as zeros), the destination holds no container, checkpoint,
+// lazy-pages directory, daemon or guard afterwards, its containerd log holds the shim's report,
+// and the source, resumed by its pause lease, is the same process with its weights intact,
+// still streaming.
+func TestLazyModeBerthctlKilled(t *testing.T) {
+	c := needCluster(t)
+	lazyPipes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	const at = 16 << 20
+	for _, tc := range []struct {
+		name         string
+		killReceiver bool
+	}{
+		{"migrate-killed", false},
+		{"migrate-and-receiver-killed", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "lazykill-" + tc.name
+			w := copyFaultWorkload(t, ctx, src, id, 256)
+			stampDirExists(t, dst)
+			before := fltDstState(t, ctx, dst)
+			work := t.TempDir()
+			target, name := id+"-moved", id+"-ck"
+			t.Cleanup(func() { _ = dst.Remove(context.Background(), target) })
+			logBefore, _ := os.ReadFile(dst.Log)
+			rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+			exits := watchExits(t, ctx, dst, target)
+			taskLog := filepath.Join(t.TempDir(), "moved.log")
+			cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "5s", "--log", taskLog,
+				"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+				"--id", target, "--work-dir", work, "--name", name, id)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			type probe struct {
+				sum string
+				err error
+			}
+			probed := make(chan probe, 1)
+			killed := make(chan struct{})
+			addr := stallProxy(t, rcv.addr, at, func() {
+				defer close(killed)
+				// the destination task runs (restored lazily) while the stream is stalled
+				var pid uint32
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					p, st, err := dst.TaskPID(ctx, target)
+					if err == nil && st == containerd.Running {
+						pid = p
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if pid == 0 {
+					t.Errorf("the destination task %s did not run within 30s of the stall", target)
+				} else {
+					go func() {
+						pctx, pcancel := context.WithTimeout(ctx, 60*time.Second)
+						defer pcancel()
+						st, err := client.Stats(pctx, client.Target{BaseURL: "http://127.0.0.1:8080", DialContext: node.NetnsDialer(int(pid))})
+						probed <- probe{st.WeightsChecksum, err}
+					}()
+					time.Sleep(500 * time.Millisecond) // the request is in, blocked on missing pages
+				}
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				t.Logf("SIGKILLed berthctl migrate %d", cmd.Process.Pid)
+				if tc.killReceiver {
+					rcv.kill()
+					t.Logf("SIGKILLed berthctl receive")
+				}
+			})
+			cmd.Args = append(cmd.Args[:len(cmd.Args)-1], "--receiver", addr, id)
+			fltNoErr(t, cmd.Start())
+			err := cmd.Wait()
+			<-killed
+			if err == nil {
+				t.Fatalf("berthctl migrate ended successfully although it was killed mid-stream:\n%s", out.String())
+			}
+			t.Logf("berthctl migrate: %v\n%s", err, out.String())
+			select {
+			case p := <-probed:
+				if p.err == nil && p.sum != w.checksum {
+					t.Errorf("the destination task answered with weights checksum %s, the source's is %s: it ran with missing pages read as zeros", p.sum, w.checksum)
+				}
+				t.Logf("request to the destination task in the window: checksum %q, %v", p.sum, p.err)
+			case <-time.After(90 * time.Second):
+				t.Errorf("the request to the destination task neither answered nor failed in 90s (the task still blocked on missing pages?)")
+			}
+			// the guard works on: wait until it and the daemon are gone
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) && len(findProc("lazy-guard", "/"+name))+len(findProc("criu", "lazy-pages", "/.lazy-"+name)) > 0 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if left := findProc("criu", "lazy-pages", "/.lazy-"+name); len(left) > 0 {
+				t.Errorf("lazy-pages daemon(s) %v still run", left)
+			}
+			if left := findProc("lazy-guard", "/"+name); len(left) > 0 {
+				t.Errorf("lazy guard(s) %v still run", left)
+			}
+			if !tc.killReceiver {
+				rcv.kill()
+			}
+			fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+			// killed by the guard (SIGKILL: 137), not crashed on zeroed memory (a Go runtime
+			// reading zeros dies with a fatal error, exit status 2, or a signal other than KILL)
+			if got := exits(); len(got) != 1 || got[0] != 128+uint32(syscall.SIGKILL) {
+				t.Errorf("the destination task's exit statuses %v, want [137] (killed by the guard)", got)
+			}
+			if b, _ := os.ReadFile(taskLog); strings.Contains(string(b), "fatal error") || strings.Contains(string(b), "panic") || strings.Contains(string(b), "SIGSEGV") {
+				t.Errorf("the destination task crashed (it read missing pages?):\n%s", b)
+			}
+			logAfter, _ := os.ReadFile(dst.Log)
+			if news := string(logAfter[min(len(logBefore), len(logAfter)):]); !strings.Contains(news, "memory pages stopped coming before all arrived") {
+				t.Errorf("the destination's containerd log (%s) holds no report of the killed lazy task", dst.Log)
+			}
+			// the source's pause lease (5s) resumes it
+			deadline = time.Now().Add(60 * time.Second)
+			for {
+				st, err := srcStatus(ctx, src, id)
+				if err == nil && st == containerd.Running {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the source %s is %q (%v) 60s after the mover died; its pause lease should have resumed it", id, st, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			w.requireServing(t, ctx)
+			// the mover's own work directory (the non-memory images) stays: nothing outlives
+			// the mover on the source to remove it
+			t.Logf("left in the killed mover's work directory: %v", fltList(t, work))
+		})
+	}
+}
+
+// srcStatus is the status of n's task id.
+func srcStatus(ctx context.Context, n *node.Node, id string) (containerd.ProcessStatus, error) {
+	_, st, err := n.TaskPID(ctx, id)
+	return st, err
+}
+
+// watchExits records the exit statuses of the init process of n's container id (containerd's
+// /tasks/exit events) until the test ends; the returned function lists them so far.
+func watchExits(t *testing.T, ctx context.Context, n *node.Node, id string) func() []uint32 {
+	t.Helper()
+	cl, err := n.Client()
+	fltNoErr(t, err)
+	ctx, cancel := context.WithCancel(ctx)
+	var mu sync.Mutex
+	var exits []uint32
+	ch, errs := cl.Subscribe(ctx, fmt.Sprintf(`namespace==%q,topic=="/tasks/exit"`, node.Namespace))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case env := <-ch:
+				if env == nil || env.Event == nil {
+					continue
+				}
+				var e apievents.TaskExit
+				if proto.Unmarshal(env.Event.GetValue(), &e) == nil && e.ContainerID == id && e.ID == id {
+					mu.Lock()
+					exits = append(exits, e.ExitStatus)
+					mu.Unlock()
+				}
+			case <-errs:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; cl.Close() })
+	return func() []uint32 {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]uint32(nil), exits...)
+	}
+}
