@@ -84,7 +84,7 @@ func (c Config) imageConfig(layer digest.Digest) v1.Image {
 // ParseRef checks that ref is a fully qualified, tagged image reference without a digest, such
 // as "localhost/berth/pause:3.10", and returns its tag ("3.10"). The reference must be
 // canonical: one that containerd would not rewrite (so "berth/pause:3.10", which it would
-// expand to a docker.io name, is rejected). Errors name the reference.
+// expand to a name on the default registry, is rejected). Errors name the reference.
 func ParseRef(ref string) (tag string, err error) {
 	named, err := reference.ParseNamed(ref)
 	if err != nil {

@@ -129,7 +129,7 @@ const (
 	// DaemonSet of contrib/kubernetes runs instead of its published image.
 	NRIRef = "localhost/berth/berth-nri:test"
 	// nriPublishedRef is the image berth-nri-daemonset.yaml names.
-	nriPublishedRef = "ghcr.io/berth-dev/berth-nri:latest"
+	nriPublishedRef = "registry.example/berth/berth-nri:latest"
 	// kubeServiceIP is the first address of the service range (the kubernetes service).
 	kubeServiceIP = "10.233.0.1"
 )

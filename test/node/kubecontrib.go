@@ -188,7 +188,7 @@ const (
 	// runs instead of its published image.
 	AgentRef = "localhost/berth/berthctl:test"
 	// agentPublishedRef is the image berth-agent-daemonset.yaml names.
-	agentPublishedRef = "ghcr.io/berth-dev/berthctl:latest"
+	agentPublishedRef = "registry.example/berth/berthctl:latest"
 	// agentName is the name in the agents' shared certificate (berth-agent-daemonset.yaml).
 	agentName = "berth-agent.berth-system"
 	// AgentGCInterval is how often the agent DaemonSet's collector runs here.

@@ -283,7 +283,7 @@ func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats Sta
 }
 
 // nodeHasImage reports whether image (as a pod names it) is among n's status.images: by its
-// normalized name (docker.io/library/..., :latest when untagged), as the kubelet looks it up.
+// normalized name (the default registry and library/ added, :latest when untagged; reference.ParseNormalizedNamed), as the kubelet looks it up.
 func nodeHasImage(n *corev1.Node, image string) bool {
 	want := normalizeImage(image)
 	for _, img := range n.Status.Images {

@@ -30,7 +30,7 @@ func pfNode(name string) *corev1.Node {
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}, {Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}},
 			Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi"),
 				"nvidia.com/gpu": resource.MustParse("1")},
-			Images: []corev1.ContainerImage{{Names: []string{"docker.io/library/img:latest", "docker.io/library/img@sha256:aaaa"}}},
+			Images: []corev1.ContainerImage{{Names: []string{normalizeImage("img"), "localhost/img@sha256:aaaa"}}},
 		},
 	}
 }
@@ -111,7 +111,7 @@ func TestPreflightRefusals(t *testing.T) {
 			return nil
 		}, "node kube2 label berth.dev/fingerprint", []string{`"absent"`, `"f"`}},
 		{"image absent", func(d *corev1.Node, _ *corev1.Pod, _ map[string]*statsapi.Summary, _ *pfAgent) []runtime.Object {
-			d.Status.Images = []corev1.ContainerImage{{Names: []string{"docker.io/library/other:latest"}}}
+			d.Status.Images = []corev1.ContainerImage{{Names: []string{normalizeImage("other")}}}
 			return nil
 		}, "node kube2 status.images", []string{"without img (1 images)", "img"}},
 		{"image absent, pulled", func(d *corev1.Node, p *corev1.Pod, _ map[string]*statsapi.Summary, _ *pfAgent) []runtime.Object {
