@@ -77,13 +77,7 @@ func TestMigrateInferenceLazyMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Continuous() {
-		t.Errorf("sessions did not continue exactly: %d of %d match, prefills %d -> %d, weights %s -> %s",
-			rep.MatchingSessions, len(rep.Streams), rep.PrefillsBefore, rep.PrefillsAfter, rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
-	}
-	if rep.SourceStatus != "" {
-		t.Errorf("source task still exists (%s) after the move", rep.SourceStatus)
-	}
+	assertMovedInference(t, rep)
 	if !strings.Contains(rep.MigrateOutput, "all pages arrived") {
 		t.Errorf("migrate reported no time for all pages to arrive:\n%s", rep.MigrateOutput)
 	}

@@ -40,13 +40,7 @@ func TestMigrateInferenceCopyMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Continuous() {
-		t.Errorf("sessions did not continue exactly: %d of %d match, prefills %d -> %d, weights %s -> %s",
-			rep.MatchingSessions, len(rep.Streams), rep.PrefillsBefore, rep.PrefillsAfter, rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
-	}
-	if rep.SourceStatus != "" {
-		t.Errorf("source task still exists (%s) after the move", rep.SourceStatus)
-	}
+	assertMovedInference(t, rep)
 	if !strings.Contains(rep.MigrateOutput, "page-stream") {
 		t.Errorf("migrate reported no page-stream phase:\n%s", rep.MigrateOutput)
 	}
@@ -183,5 +177,18 @@ func TestCopyModeFaults(t *testing.T) {
 				t.Errorf("destination root %s holds %v after the failed move", root, left)
 			}
 		})
+	}
+}
+
+// assertMovedInference fails t unless rep shows every session continuing exactly (identical
+// tokens, no prefill recomputed, the weights' checksum unchanged) and the source task gone.
+func assertMovedInference(t *testing.T, rep *scenario.InferenceReport) {
+	t.Helper()
+	if !rep.Continuous() {
+		t.Errorf("sessions did not continue exactly: %d of %d match, prefills %d -> %d, weights %s -> %s",
+			rep.MatchingSessions, len(rep.Streams), rep.PrefillsBefore, rep.PrefillsAfter, rep.WeightsChecksumBefore, rep.WeightsChecksumAfter)
+	}
+	if rep.SourceStatus != "" {
+		t.Errorf("source task still exists (%s) after the move", rep.SourceStatus)
 	}
 }
