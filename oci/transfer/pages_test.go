@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,10 @@ func TestPageStreamAdopted(t *testing.T) {
 	}
 	if err := checkpoint.Verify(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
 		t.Fatalf("Verify without the stamp = %v, want ErrPagesUnverified", err)
+	}
+	// sent on, its pages would reach a receiver that cannot verify them: refused before sending
+	if _, err := Send(context.Background(), dial(t, addr), final, "c1-again", nil); !errors.Is(err, ErrPageStream) || !strings.Contains(err.Error(), "pages-1.img") {
+		t.Fatalf("Send of a copy-mode checkpoint = %v, want ErrPageStream naming pages-1.img", err)
 	}
 	if err := os.WriteFile(filepath.Join(final, "checkpoint", "pages-1.img"), []byte("tampered"), 0o600); err != nil {
 		t.Fatal(err)

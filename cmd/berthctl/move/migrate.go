@@ -104,7 +104,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	if o.Pages != nil {
 		relay, err := o.Pages(ctx, o.Name)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("migrate %s: nothing was paused: the page stream to the destination: %w", o.ID, err)
 		}
 		defer relay.Close()
 		copts.PageServer, copts.PageStream = relay.Addr(), relay.Wait
