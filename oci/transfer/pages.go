@@ -419,7 +419,10 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 		back <- err
 	}()
 	var h hash.Hash = sha256.New()
-	n, err := writeFrames(conn, c, h)
+	// over TLS, one write of up to 256 KiB per 16 KiB records rather than one per record
+	w, unbatch := coalescedFrames(conn)
+	n, err := writeFrames(w, c, h)
+	unbatch()
 	if cw, ok := underlying(conn).(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
