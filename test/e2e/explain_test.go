@@ -30,9 +30,9 @@ import (
 // TestXplKilledMigrateSourceResumes SIGKILLs berthctl migrate while its source is paused (the
 // receiver stalls), in stored mode once its checkpoint, the source's memory, lies in the work
 // directory, and in copy mode while CRIU streams the memory to the stalled receiver: the source
-// runs again (stored: the shim resumes it by itself once the pause lease ends and removes that
-// checkpoint with the lease; copy: the dump fails with the page stream and the shim resumes it)
-// and nothing of the checkpoint is left in the work directory; a rerun meanwhile says how to see
+// runs again (the shim resumes it by itself once the pause lease ends; stored: it removes that
+// checkpoint with the lease; copy: the dump failed with the page stream) and nothing of the
+// checkpoint is left in the work directory; a rerun meanwhile says how to see
 // and resume the paused task (stored mode).
 func TestXplKilledMigrateSourceResumes(t *testing.T) {
 	c := needCluster(t)
