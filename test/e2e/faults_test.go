@@ -532,9 +532,9 @@ type fltMigrateSetup struct {
 // receiver at all, a receiver that stalls (the operator interrupts migrate), and a destination
 // containerd socket that does not exist. The faults met during the transfer run in stored mode
 // and in copy mode, where the memory travels on a connection of its own during the dump (a
-// receiver that closes it early, a cut, a killed receiver, a stall). Each migrate must fail naming the cause; the source
-// must be running again (resumed, not left paused) with its memory intact and still answering;
-// the destination must hold no container and no partial checkpoint.
+// receiver that closes it early, a cut, a killed receiver, a stall). Each migrate must fail
+// naming the cause; the source must be running again (resumed, not left paused) with its memory
+// intact and still answering; the destination must hold no container and no partial checkpoint.
 func TestFltMigrateFaults(t *testing.T) {
 	c := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -46,15 +46,16 @@ The checkpoint is signed with this node's key (signing_key of --config, or --sig
 it leaves, and the receiver, in this process too, keeps it only when a key it trusts signed it;
 the destination's shim checks the signature again before it restores.
 
---mode copy (the default) sends the memory pages from CRIU straight to the destination, never to this node's
-disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries the stream
-to the receiver on a connection of its own (mutual TLS like the checkpoint's) and hashes it; the
-receiver feeds it to a 'criu page-server' it runs on a socket of its own and hashes it again.
-The page stream's digest is signed with the rest of the checkpoint, and the receiver keeps the
-pages only when both digests agree (contrib/TRUST.md); that checkpoint cannot be sent on from the
-destination ('berthctl send' refuses it: only that receiver verified its pages). --mode stored writes
-the whole checkpoint here first, then sends it. Either way the source is stopped only after the
-destination serves: downtime and the source's teardown are reported apart.
+--mode copy (the default) sends the memory pages from CRIU straight to the destination, never to
+this node's disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries
+the stream to the receiver on a connection of its own (mutual TLS like the checkpoint's) and
+hashes it; the receiver feeds it to a 'criu page-server' it runs on a socket of its own and
+hashes it again. The page stream's digest is signed with the rest of the checkpoint, and the
+receiver keeps the pages only when both digests agree (contrib/TRUST.md); that checkpoint cannot
+be sent on from the destination ('berthctl send' refuses it: only that receiver verified its
+pages). --mode stored writes the whole checkpoint here first, then sends it. Either way the
+source is stopped only after the destination serves: downtime and the source's teardown are
+reported apart.
 
 --mode lazy (or --lazy) is post-copy: CRIU dumps everything but the memory, the destination
 restores from that and resumes at once, and the memory pages follow from the source's CRIU,
