@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path"
@@ -180,7 +181,11 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 				return err
 			}
 			if _, err := os.Stat(src); err != nil {
-				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), m.Source+" (missing)", "an existing path",
+				value := m.Source + " (missing)"
+				if errors.Is(err, fs.ErrPermission) {
+					value = m.Source + " (not visible to the check: " + err.Error() + ")"
+				}
+				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), value, "an existing path",
 					"create it on the destination with what it held on the source")
 			}
 		}
