@@ -181,10 +181,11 @@ func TestKubeMove(t *testing.T) {
 			"  runtimeClassName: berth\n", "  runtimeClassName: berth\n  hostPID: true\n", 1)
 		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "pfpid", "--wait=false") }()
 		_, id := kubeContainer(t, c, kubeRunPod(t, ctx, c, ns, "pfpid", pod))
-		pid, _, err := src.TaskPID(ctx, id)
-		if err != nil {
-			t.Fatal(err)
+		ins, err := src.Inspect(ctx, id)
+		if err != nil || ins.PID == 0 {
+			t.Fatalf("crictl inspect %s: pid %d, %v", id, ins.PID, err)
 		}
+		pid := ins.PID
 		assertRefusedMove(ctx, t, c, ns, "pfpid", "",
 			fmt.Sprintf("node %s PID %d is in use in the host's PID namespace, needs free", dst.Name, pid))
 	})
