@@ -171,8 +171,8 @@ func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p
 // the probe's host root): a spec holding the container's hostPath volumes as bind mounts and
 // the pod's PID namespace (none of its own with hostPID: then its host PIDs must be free), and
 // the device memory it holds on its GPUs. A hostPath of type DirectoryOrCreate or FileOrCreate
-// is left out: the kubelet creates it for the restore pod (empty: what the source's held is not
-// moved, as for every hostPath). names[i] names mount i of the spec for a refusal. ok is false
+// is left out: the kubelet creates it for the restore pod (empty: berth moves no hostPath's
+// content, of any type). names[i] names mount i of the spec for a refusal. ok is false
 // when there is nothing to check (no such volume, no hostPID, no device memory).
 func hostNeed(f *sourceFacts) (need move.Need, names []string, ok bool) {
 	sp := &specs.Spec{Linux: &specs.Linux{}}
@@ -212,7 +212,8 @@ func sourceRefusals(f *sourceFacts) []move.Refusal {
 }
 
 // destinationRefusals checks node dst (read from the API server, its kubelet's stats summary,
-// and with ask its own berth agent) for the container of f, naming the checkpoint name. It
+// with ask its own berth agent, and with probe its host: hostNeed) for the container of f,
+// naming the checkpoint name. It
 // returns the refusals (nil: dst can take it), or the error of a read that failed.
 func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, ask NodePreflight, probe NodeProbe, f *sourceFacts, dst *corev1.Node, name string) ([]move.Refusal, error) {
 	var out []move.Refusal
