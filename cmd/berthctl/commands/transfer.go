@@ -231,7 +231,7 @@ Off loopback it listens only with mutual TLS (--tls-ca, --tls-cert, --tls-key); 
 loopback, it accepts only connections from root's sockets. With TLS senders must
 present a certificate of the same CA, and with --allowed-peer one that names an allowed peer (a
 DNS, IP or URI subject alternative name, or the common name). A peer that does not finish its TLS
-handshake within 3 s loses its slot; a whole transfer is bounded by --transfer-timeout; a
+handshake within 3 s loses its place; one address holds at most 8 places at once (64 in all); a whole transfer is bounded by --transfer-timeout; a
 checkpoint that does not fit the free space (with 1 GiB to spare) is refused before it is written;
 a sender beyond 4 at once is answered busy.
 It also answers 'berthctl migrate --receiver' before the source is paused: the checks that need
