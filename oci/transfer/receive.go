@@ -499,7 +499,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		// pages flow for as long as the restored task needs them, within the transfer's deadline;
 		// the idle timeout still ends a dead link
 		ir.hard = deadline
-		return "", false, r.receiveLazyPages(ctx, br, ir.conn, name, r.Root)
+		return "", false, r.receiveLazyPages(ctx, br, ir.conn, name, hdr.StreamID, r.Root)
 	}
 	if hdr.Pages {
 		ir.hard = deadline

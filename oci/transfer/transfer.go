@@ -105,6 +105,9 @@ type header struct {
 	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
 	// restore.
 	Lazy bool `json:"lazy,omitempty"`
+	// StreamID, with Lazy, is the lazy page stream's ID (LazyRelay.ID): the receiver serves a
+	// checkpoint only when its signed manifest records the same (checkpoint.Manifest.LazyStream).
+	StreamID string `json:"streamId,omitempty"`
 	// Preflight marks a connection that asks the receiver's node whether it can restore a
 	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.
 	Preflight json.RawMessage `json:"preflight,omitempty"`
