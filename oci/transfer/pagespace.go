@@ -10,7 +10,8 @@ import (
 // CRIU ended it, so the receiver counts its bytes as they arrive: every spaceCheckBytes it asks
 // the file system again (Receiver.FreeBytes) and ends the stream with ErrNoSpace when the next
 // spaceCheckBytes, what the other transfers have yet to write and the margin
-// (Receiver.ReserveBytes) would not fit. A sender may also state the stream's length up front
+// (Receiver.ReserveBytes) would not fit; otherwise it reserves those spaceCheckBytes (the other
+// transfers count them as still to come). A sender may also state the stream's length up front
 // (header.PageBytes): a stated length that does not fit is refused before the page server
 // starts, the other transfers count it as still to come, and a stream longer than stated is
 // ended. Ended, the page server exits and its staging directory is removed (receivePages).
@@ -74,24 +75,33 @@ func (s *pageSpace) reserve(n int64) error {
 	if written+n <= s.next {
 		return nil
 	}
-	if err := s.r.roomFor(s.f, spaceCheckBytes, s.root); err != nil {
+	room := max(n, spaceCheckBytes)
+	if err := s.r.roomFor(s.f, room, s.root); err != nil {
 		return fmt.Errorf("page stream after %d bytes: %w", written, err)
 	}
-	s.next = written + n + spaceCheckBytes
+	s.next = written + room
 	return nil
 }
 
 // roomFor fails with ErrNoSpace when n bytes, what the transfers in progress but self have yet
-// to write and the margin exceed the free space of root's file system.
+// to write and the margin exceed the free space of root's file system. Otherwise it reserves
+// them: self's announced bytes grow to cover n more, so that the other transfers count them as
+// still to come.
 func (r *Receiver) roomFor(self *inFlight, n int64, root string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	grow := func() {
+		if w := self.written.Load(); self.announced < w+n {
+			self.announced = w + n
+		}
+	}
 	free := r.FreeBytes
 	if free == nil {
 		free = statfsFree
 	}
 	avail, err := free(root)
 	if errors.Is(err, errors.ErrUnsupported) {
+		grow()
 		return nil
 	}
 	if err != nil {
@@ -112,5 +122,6 @@ func (r *Receiver) roomFor(self *inFlight, n int64, root string) error {
 		return fmt.Errorf("%w: %d bytes free on the file system of %s, margin %d bytes, %d bytes still to come for other transfers: no room for %d more",
 			ErrNoSpace, avail, root, margin, pending, n)
 	}
+	grow()
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -96,4 +97,34 @@ func TestPageStreamFreeSpace(t *testing.T) {
 			t.Error("a staging directory for a stream refused before it started")
 		}
 	})
+}
+
+// TestPageStreamsReserve: a page stream that passed its check reserves the next spaceCheckBytes,
+// so a second stream at once counts them and cannot take the same room.
+func TestPageStreamsReserve(t *testing.T) {
+	const margin = 1 << 20
+	root := t.TempDir()
+	r := &Receiver{Root: root, ReserveBytes: margin, FreeBytes: func(string) (uint64, error) { return margin + spaceCheckBytes + 1<<20, nil }}
+	a, err := r.claimPages("a", 0, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.claimPages("b", 0, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.writer(io.Discard).Write(make([]byte, 4096)); err != nil {
+		t.Fatalf("first stream: %v", err)
+	}
+	if _, err := b.writer(io.Discard).Write(make([]byte, 4096)); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("second stream beside the first's reservation: %v, want ErrNoSpace", err)
+	}
+	r.release(pagesFlightKey("a"))
+	if _, err := b.writer(io.Discard).Write(make([]byte, 4096)); err != nil {
+		t.Fatalf("second stream once the first ended: %v", err)
+	}
+	// a checkpoint's transfer counts what a stream reserved
+	if _, err := r.claim("c", 2<<20, root); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a checkpoint beside a stream's reservation: %v, want ErrNoSpace", err)
+	}
 }
