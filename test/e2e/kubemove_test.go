@@ -100,7 +100,10 @@ func TestKubeMove(t *testing.T) {
 		if p := kubeGetPod(t, ctx, c, ns, "owned"); p.Status.Phase != corev1.PodRunning {
 			t.Errorf("owned pod %s after the refused move", p.Status.Phase)
 		}
-		_, _ = c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--wait=false")
+		// gone before the next subtest lists the namespace's pods
+		if _, err := c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--grace-period=1", "--timeout=60s"); err != nil {
+			t.Errorf("delete the owned pod: %v", err)
+		}
 	})
 
 	t.Run("preflight refuses a destination without the image", func(t *testing.T) {
