@@ -116,7 +116,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 			return nil, fmt.Errorf("migrate %s: nothing was paused: %w", o.ID, err)
 		}
 		defer lazy.Close()
-		copts.LazyPages = lazy.Addr()
+		copts.LazyPages, copts.LazyStream = lazy.Addr(), lazy.ID()
 	}
 	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {
