@@ -83,6 +83,9 @@ type Options struct {
 	Preflight NodePreflight
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
+	// Mode is ModeCopy, ModeStored, or "" for copy when Transfer carries page streams
+	// (PageStreams: Agents) and stored otherwise.
+	Mode string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -104,6 +107,10 @@ type Result struct {
 	Archive    string `json:"archive"`
 	Checkpoint string `json:"checkpoint"`
 	Bytes      int64  `json:"bytes"`
+	// Mode is the move's mode (ModeCopy, ModeStored); PageBytes the bytes of the copy-mode page
+	// stream (frames included) that went beside the archive.
+	Mode      string `json:"mode"`
+	PageBytes int64  `json:"pageBytes,omitempty"`
 	// Controller is KIND/NAME of the ReplicaSet that owned the source pod and adopted the
 	// restored one; "" for a pod without one.
 	Controller string            `json:"controller,omitempty"`
@@ -112,7 +119,11 @@ type Result struct {
 	TotalMs    float64           `json:"totalMs"`
 }
 
-// Move moves the pod o.Namespace/o.Pod. The destination preflight (preflight.go) runs before
+// Move moves the pod o.Namespace/o.Pod. In copy mode (Options.Mode) the source node's agent
+// arms a page stream for the container before the kubelet checkpoint API is called, so that the
+// shim sends the memory pages to the destination's agent during the dump and the kubelet's
+// archive holds only the rest; a failed stream fails the checkpoint (the container runs on)
+// and the destination drops what it got. The destination preflight (preflight.go) runs before
 // the kubelet checkpoint API: its refusals come back as a *move.PreflightError (errors.Is
 // move.ErrPreflight, errdefs FailedPrecondition) with nothing checkpointed, sent or created.
 // On any error before the restore pod is Ready, the
@@ -151,6 +162,29 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		res.Controller = c.Kind + "/" + c.Name
 	}
 	res.From = src.Spec.NodeName
+	streams, canStream := o.Transfer.(PageStreams)
+	switch o.Mode {
+	case "":
+		res.Mode = ModeStored
+		if canStream {
+			res.Mode = ModeCopy
+		}
+	case ModeCopy:
+		if !canStream {
+			return nil, fmt.Errorf("move mode %s: the transfer cannot carry a page stream (use the berth agents, --transfer agent, or --mode %s)", ModeCopy, ModeStored)
+		}
+		res.Mode = ModeCopy
+	case ModeStored:
+		res.Mode = ModeStored
+	default:
+		return nil, fmt.Errorf("move mode %q: want %s or %s", o.Mode, ModeCopy, ModeStored)
+	}
+	var containerID string
+	if res.Mode == ModeCopy {
+		if containerID, err = runningContainerID(src, container); err != nil {
+			return nil, err
+		}
+	}
 	// the destination preflight (preflight.go), before the kubelet freezes the container
 	res.Checkpoint = fmt.Sprintf("%s-%s-%d", o.Namespace, o.Pod, now().UnixNano())
 	if _, dir := o.Transfer.(interface{ StoresDirectory() }); !dir {
@@ -161,6 +195,17 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	}
 	res.To = o.To
 	phase("preflight", t0)
+
+	var pages PageStream
+	if res.Mode == ModeCopy {
+		// the source agent arms the shim (pagearm.go): the dump sends the pages to dst's agent
+		t0 = now()
+		if pages, err = streams.ArmPages(ctx, src.Spec.NodeName, o.To, containerID, res.Checkpoint); err != nil {
+			return nil, fmt.Errorf("arm the page stream of %s/%s on %s toward %s: %w", o.Namespace, o.Pod, src.Spec.NodeName, o.To, err)
+		}
+		defer pages.Close() // disarms it when the kubelet never asked; nothing after Wait
+		phase("arm-pages", t0)
+	}
 
 	// the kubelet checkpoint API, through the API server's node proxy
 	t0 = now()
@@ -176,6 +221,13 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		return nil, fmt.Errorf("kubelet checkpoint API on %s answered %.200q (%v); want one archive", src.Spec.NodeName, raw, err)
 	}
 	res.Archive = items.Items[0]
+	if pages != nil {
+		// the shim signed the stream's digest only once the destination had it all; the agent's
+		// end says how many bytes went
+		if res.PageBytes, err = pages.Wait(ctx); err != nil {
+			return nil, fmt.Errorf("page stream of %s/%s to %s: %w", o.Namespace, o.Pod, o.To, err)
+		}
+	}
 	phase("checkpoint", t0)
 
 	t0 = now()
@@ -284,6 +336,21 @@ func checkMovable(p *corev1.Pod, container string) (string, error) {
 		return "", fmt.Errorf("%w: %s has no container %s (it has %s)", ErrNotMovable, id, container, name)
 	}
 	return name, nil
+}
+
+// runningContainerID returns the containerd id of p's container name, from its status
+// ("containerd://ID").
+func runningContainerID(p *corev1.Pod, name string) (string, error) {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name != name {
+			continue
+		}
+		if id, ok := strings.CutPrefix(cs.ContainerID, "containerd://"); ok && id != "" && cs.State.Running != nil {
+			return id, nil
+		}
+		return "", fmt.Errorf("%w: %s/%s: container %s is not running under containerd (id %q)", ErrNotMovable, p.Namespace, p.Name, name, cs.ContainerID)
+	}
+	return "", fmt.Errorf("%w: %s/%s: no status of container %s", ErrNotMovable, p.Namespace, p.Name, name)
 }
 
 // restorePod is the source pod's spec, unscheduled, with the restore-from annotation and the
