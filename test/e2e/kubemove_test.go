@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +26,8 @@ import (
 type kubeMoveResult struct {
 	Pod, Restored, From, To, Archive, Checkpoint string
 	Bytes                                        int64
+	Mode                                         string
+	PageBytes                                    int64
 	Phases                                       []struct {
 		Name string
 		Ms   float64
@@ -247,6 +251,11 @@ func TestKubeMove(t *testing.T) {
 		}
 	})
 
+	t.Run("copy mode: destination agent killed mid page stream", func(t *testing.T) {
+		kubeMovePageStreamFault(t, ctx, c, ns)
+	})
+
+	// the default mode with the agents: copy (the pages stream during the kubelet's checkpoint)
 	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "mover", "-o", "json")
 	if err != nil {
 		t.Fatalf("kubectl berth move: %v\n%s%s", err, out, stderr)
@@ -277,6 +286,24 @@ func TestKubeMove(t *testing.T) {
 	if res.Bytes <= 0 {
 		t.Errorf("move reports %d bytes sent", res.Bytes)
 	}
+	// copy mode: the pages went beside the kubelet's archive, which holds none; the destination
+	// holds them, verified against the digest the shim signed
+	if res.Mode != "copy" || res.PageBytes < 16<<20 {
+		t.Errorf("move in mode %q streamed %d bytes of pages; want copy mode and the 16 MiB of weights at least", res.Mode, res.PageBytes)
+	}
+	var pagesInArchive []string
+	for _, n := range kubeTarNames(t, filepath.Join(src.CheckpointDir, filepath.Base(res.Archive))) {
+		if strings.HasPrefix(path.Base(n), "pages-") && strings.HasSuffix(n, ".img") {
+			pagesInArchive = append(pagesInArchive, n)
+		}
+	}
+	if len(pagesInArchive) > 0 {
+		t.Errorf("the kubelet's archive %s holds page images %v in copy mode", res.Archive, pagesInArchive)
+	}
+	if pages, _ := filepath.Glob(filepath.Join(dst.CheckpointRoot, res.Checkpoint, "checkpoint", "pages-*.img")); len(pages) == 0 {
+		t.Errorf("checkpoint %s on %s holds no page images: the page stream was not adopted", res.Checkpoint, dst.Name)
+	}
+	t.Logf("copy mode: %.1f MiB of pages streamed beside an archive of %.1f MiB", float64(res.PageBytes)/(1<<20), float64(res.Bytes)/(1<<20))
 	rp := kubeGetPod(t, ctx, c, ns, res.Restored)
 	if rp.Spec.NodeName != dst.Name || rp.Labels["app"] != "infer" {
 		t.Errorf("restore pod on %s with labels %v", rp.Spec.NodeName, rp.Labels)
@@ -372,3 +399,113 @@ func TestKubeMove(t *testing.T) {
 		_ = os.Remove(older)
 	})
 }
+
+// kubeMovePageStreamFault moves a pod holding 256 MiB in copy mode and kills the destination
+// agent's receiver once 16 MiB of its page stream arrived: the move fails naming the page
+// stream, the source pod runs on (same container, no restart, still serving), no restore pod is
+// made, the source node's agent disarmed (nothing left in /run/berth/page-streams) and, once the
+// destination's agent runs again, its checkpoint root is as before.
+func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeCluster, ns string) {
+	src, dst := c.Nodes[0], c.Nodes[1]
+	pod := kubePodYAML("bigmover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name})
+	pod = strings.Replace(pod, `args: ["-weights-mib", "16",`, `args: ["-weights-mib", "256",`, 1)
+	pod = strings.ReplaceAll(pod, "memory: 256Mi", "memory: 640Mi")
+	before := kubeRunPod(t, ctx, c, ns, "bigmover", pod)
+	defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "bigmover", "--wait=false") }()
+	st := client.Target{BaseURL: before.Status.PodIP + ":8080"}
+	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	list := func(dir string) string {
+		es, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, " ")
+	}
+	stored := list(dst.CheckpointRoot)
+	rcv := agentReceiverPID(t, dst.CheckpointRoot)
+	killed := make(chan bool, 1)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for wctx.Err() == nil && pagesReceived(dst.CheckpointRoot) < 16<<20 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		killed <- wctx.Err() == nil && syscallKill(rcv) == nil
+	}()
+	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "bigmover", "--to", dst.Name, "--mode", "copy")
+	stop()
+	if !<-killed {
+		t.Fatalf("the destination's receiver (pid %d) was not killed mid-stream; move: %v\n%s%s", rcv, err, out, stderr)
+	}
+	t.Logf("move with the destination agent killed mid page stream: %v\n%s", err, strings.TrimSpace(stderr))
+	if err == nil || !strings.Contains(stderr, "page stream") {
+		t.Errorf("move with its destination killed mid page stream: %v; want an error naming the page stream\n%s%s", err, out, stderr)
+	}
+	after := kubeGetPod(t, ctx, c, ns, "bigmover")
+	if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
+		after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("source pod after the failed move: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
+	}
+	if _, err := client.Stats(ctx, st); err != nil {
+		t.Errorf("source workload after the failed move: %v", err)
+	}
+	if pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name"); err != nil || strings.Contains(pods, "bigmover-m") {
+		t.Errorf("pods after the failed move: %q (%v): a restore pod was made", pods, err)
+	}
+	// the destination's agent restarts (its DaemonSet) and clears what the killed one left
+	if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", "daemonset/berth-agent", "--timeout=120s"); err != nil {
+		t.Errorf("agents after the kill: %v", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for list(dst.CheckpointRoot) != stored && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if now := list(dst.CheckpointRoot); now != stored {
+		t.Errorf("%s's checkpoint root after the failed move: %q, before %q", dst.Name, now, stored)
+	}
+	srcArm := filepath.Join("/proc", strconv.Itoa(agentReceiverPID(t, src.CheckpointRoot)), "root", "run", "berth", "page-streams")
+	deadline = time.Now().Add(15 * time.Second)
+	for list(srcArm) != "" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if now := list(srcArm); now != "" {
+		t.Errorf("armed page streams left on %s: %s", src.Name, now)
+	}
+}
+
+// agentReceiverPID returns the pid of the berth agent's `berthctl receive` whose checkpoint
+// root is root (a node's CheckpointRoot on this machine), found in /proc. The agent restarts
+// when it is killed, so the pid is looked up anew each time.
+func agentReceiverPID(t *testing.T, root string) int {
+	t.Helper()
+	want, err := os.Stat(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		procs, _ := os.ReadDir("/proc")
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil {
+				continue
+			}
+			cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+			if err != nil || !strings.HasPrefix(string(cmd), "/usr/local/bin/berthctl\x00receive\x00") {
+				continue
+			}
+			if fi, err := os.Stat(filepath.Join("/proc", p.Name(), "root", "var", "lib", "berth", "checkpoints")); err == nil && os.SameFile(fi, want) {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no berth agent receiver with checkpoint root %s", root)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func syscallKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
