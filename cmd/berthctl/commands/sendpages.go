@@ -39,11 +39,11 @@ func SendPages() *cobra.Command {
 	var (
 		container, name, dir string
 		expire               time.Duration
-		untilStdin           bool
+		disarm               bool
 		tf                   *tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "send-pages --container ID --name NAME [--dir DIR] [--expire D] [--until-stdin-closes] HOST:PORT",
+		Use:   "send-pages --container ID (--name NAME [--expire D] HOST:PORT | --disarm) [--dir DIR]",
 		Short: "Arm copy mode for a container's next checkpoint: its memory pages go to a 'berthctl receive'",
 		Long: `send-pages arms a copy-mode page stream for the next checkpoint of container ID (its containerd
 id), whoever asks for it (the kubelet checkpoint API): it connects to the 'berthctl receive' at
@@ -55,26 +55,32 @@ and forwards them to the socket; send-pages carries them to the receiver as NAME
 them until the checkpoint of the same name arrives (berthctl send) and its signed digest matches.
 The checkpoint itself then holds no page images.
 
-It ends when the stream has ended (-o json: the bytes forwarded), or without a stream after
---expire, or (--until-stdin-closes) when its standard input closes; then it removes the request.
-A checkpoint after the expiry is taken as if nothing were armed.`,
-		Args: cobra.ExactArgs(1),
+It ends when the stream has ended (its last line: JSON with the bytes forwarded), or without a
+stream after --expire; then it removes the request. A checkpoint after the expiry is taken as if
+nothing were armed. 'send-pages --disarm --container ID' (what move runs when it gives up)
+removes the request unless a checkpoint took it, and ends the send-pages waiting on it (it
+connects to its socket and closes at once: the receiver sees a cut stream and drops it).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if disarm {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
-			addr := args[0]
+			var addr string
+			if !disarm {
+				addr = args[0]
+			}
 			if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
 				return fmt.Errorf("--container %q: want a containerd container id", container)
+			}
+			if disarm {
+				return disarmPages(cmd.OutOrStdout(), dir, container)
 			}
 			if err := transfer.ValidName(name); err != nil {
 				return fmt.Errorf("--name: %w", err)
 			}
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			if untilStdin {
-				go func() {
-					_, _ = io.Copy(io.Discard, cmd.InOrStdin())
-					cancel()
-				}()
-			}
+			ctx := cmd.Context()
 			start := time.Now()
 			conn, err := dialReceiver(ctx, addr, tf)
 			if err != nil {
@@ -99,7 +105,7 @@ A checkpoint after the expiry is taken as if nothing were armed.`,
 	cmd.Flags().StringVar(&name, "name", "", "the checkpoint's name at the receiver (what 'berthctl send --name' names it)")
 	cmd.Flags().StringVar(&dir, "dir", checkpoint.DefaultPageStreamDir, "the shim's page_stream_dir, as mounted here")
 	cmd.Flags().DurationVar(&expire, "expire", 2*time.Minute, "how long the request stays armed without a checkpoint")
-	cmd.Flags().BoolVar(&untilStdin, "until-stdin-closes", false, "give up (and disarm) when standard input closes")
+	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container, unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
 	tf = addTLSFlags(cmd.Flags())
 	tf.addServerName(cmd.Flags())
 	// the armed line comes first on stdout; the result is JSON
@@ -181,4 +187,37 @@ func peerUID(c *net.UnixConn) int {
 		}
 	})
 	return uid
+}
+
+// disarmPages removes the request armed for container in dir, unless a checkpoint took it
+// already, and then connects to the socket it names and closes, so that the send-pages waiting
+// there ends (its stream reaches the receiver cut, and the receiver drops it). It prints
+// "disarmed" or "nothing armed".
+func disarmPages(out io.Writer, dir, container string) error {
+	if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
+		return fmt.Errorf("--container %q: want a containerd container id", container)
+	}
+	req := filepath.Join(dir, container+checkpoint.PageStreamRequestSuffix)
+	b, err := os.ReadFile(req)
+	if errors.Is(err, fs.ErrNotExist) {
+		_, err := fmt.Fprintln(out, "nothing armed")
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("disarm: %w", err)
+	}
+	if err := os.Remove(req); errors.Is(err, fs.ErrNotExist) {
+		_, err := fmt.Fprintln(out, "nothing armed") // a checkpoint took it meanwhile
+		return err
+	} else if err != nil {
+		return fmt.Errorf("disarm: %w", err)
+	}
+	var r checkpoint.PageStreamRequest
+	if json.Unmarshal(b, &r) == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
+		if c, err := net.DialTimeout("unix", filepath.Join(dir, r.Socket), 5*time.Second); err == nil {
+			c.Close()
+		}
+	}
+	_, err = fmt.Fprintln(out, "disarmed")
+	return err
 }

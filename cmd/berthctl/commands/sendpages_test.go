@@ -99,3 +99,44 @@ func TestArmPagesExpires(t *testing.T) {
 	}
 }
 
+
+// --disarm removes an armed request and ends the send-pages waiting on it (whose connection then
+// ends at once); with nothing armed it says so.
+func TestDisarmPages(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("armPages takes only root's connections: run as root")
+	}
+	dir := t.TempDir()
+	var out bytes.Buffer
+	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+		t.Fatalf("disarm with nothing armed: %q, %v", out.String(), err)
+	}
+	armedOut := newSyncBuffer()
+	done := make(chan net.Conn, 1)
+	go func() {
+		c, err := armPages(context.Background(), armedOut, dir, "c1", "ns-pod-1", time.Now().Add(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- c
+	}()
+	for !strings.Contains(armedOut.String(), SendPagesArmed) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	out.Reset()
+	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
+		t.Fatalf("disarm: %q, %v", out.String(), err)
+	}
+	c := <-done
+	if c == nil {
+		t.Fatal("the armed send-pages did not end")
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("the disarmed stream: %d bytes, %v; want its end", n, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left after disarming: %v", ents)
+	}
+}

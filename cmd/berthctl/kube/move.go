@@ -212,7 +212,16 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	raw, err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/nodes", src.Spec.NodeName, "proxy", "checkpoint", o.Namespace, o.Pod, container).
 		Do(ctx).Raw()
 	if err != nil {
-		return nil, fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
+		err = fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
+		if as, ok := pages.(*agentStream); ok {
+			// what the source agent saw of the page stream, when it ended with the checkpoint
+			if out, aerr, done := as.result(2 * time.Second); done && aerr != nil {
+				err = fmt.Errorf("%w; the source agent: %w", err, aerr)
+			} else if done {
+				err = fmt.Errorf("%w; the source agent forwarded the page stream: %s", err, strings.TrimSpace(string(out)))
+			}
+		}
+		return nil, err
 	}
 	var items struct {
 		Items []string `json:"items"`

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +52,8 @@ const (
 
 // agentStream is a `berthctl send-pages` running in the source node's agent.
 type agentStream struct {
-	stdin  *io.PipeWriter
+	// disarm runs `send-pages --disarm` for the container in the same agent
+	disarm func(ctx context.Context) error
 	cancel context.CancelFunc
 	out    *armedWriter
 	done   chan struct{}
@@ -61,7 +61,7 @@ type agentStream struct {
 	once   sync.Once
 }
 
-// ArmPages runs `berthctl send-pages --until-stdin-closes` in src's agent (pods/exec, kept open)
+// ArmPages runs `berthctl send-pages` in src's agent (pods/exec, kept open)
 // toward dst's agent's receiver, and returns once it printed "armed" (SendPagesArmed). Errors:
 // no agent (ErrNoAgent), the command's failure before it armed (its standard error), no word
 // within armTimeout.
@@ -78,10 +78,10 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string)
 	if err != nil {
 		return nil, err
 	}
-	argv := []string{agentBerthctl, "send-pages", "--until-stdin-closes", "--container", container, "--name", name,
+	argv := []string{agentBerthctl, "send-pages", "--container", container, "--name", name,
 		"--expire", armExpiry.String(), addr}
 	req := a.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(from.Namespace).Name(from.Name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(a.Config, "GET", req.URL().String())
 	if err != nil {
 		return nil, err
@@ -98,12 +98,15 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string)
 	}
 	// the stream outlives the call: it ends with Close or the command's end, not with ctx
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	pr, pw := io.Pipe()
-	s := &agentStream{stdin: pw, cancel: cancel, out: &armedWriter{armed: make(chan struct{})}, done: make(chan struct{})}
+	s := &agentStream{cancel: cancel, out: &armedWriter{armed: make(chan struct{})}, done: make(chan struct{})}
+	s.disarm = func(ctx context.Context) error {
+		_, err := a.exec(ctx, from, agentBerthctl, "send-pages", "--disarm", "--container", container)
+		return err
+	}
 	var stderr bytes.Buffer
 	go func() {
 		defer close(s.done)
-		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: pr, Stdout: s.out, Stderr: &stderr})
+		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdout: s.out, Stderr: &stderr})
 		if err != nil {
 			msg := strings.TrimSpace(stderr.String())
 			if len(msg) > 2000 {
@@ -151,19 +154,39 @@ func (s *agentStream) Wait(ctx context.Context) (int64, error) {
 	return res.Bytes, nil
 }
 
-// closeGrace is how long Close lets the agent's command disarm after its standard input closed
-// before the exec stream is cut.
-const closeGrace = 5 * time.Second
+// closeGrace bounds Close: the disarm command, then the armed command's end.
+const closeGrace = 10 * time.Second
 
+// Close disarms the stream unless it ended: `send-pages --disarm` in the same agent removes the
+// request (unless the shim took it) and ends the armed send-pages, whose exec stream is cut
+// after closeGrace at the latest (it then ends by its --expire).
 func (s *agentStream) Close() {
 	s.once.Do(func() {
-		_ = s.stdin.Close()
+		defer s.cancel()
 		select {
 		case <-s.done:
-		case <-time.After(closeGrace):
+			return
+		default:
 		}
-		s.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+		defer cancel()
+		_ = s.disarm(ctx)
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+		}
 	})
+}
+
+// result returns the armed command's outcome if it ended within d: its error, or nil and its
+// output; ok false if it still runs.
+func (s *agentStream) result(d time.Duration) (out []byte, err error, ok bool) {
+	select {
+	case <-s.done:
+		return s.out.rest(), s.err, true
+	case <-time.After(d):
+		return nil, nil, false
+	}
 }
 
 // armedWriter is send-pages' standard output: the first line says it is armed, the rest is its
