@@ -99,7 +99,6 @@ func TestArmPagesExpires(t *testing.T) {
 	}
 }
 
-
 // --disarm removes an armed request and ends the send-pages waiting on it (whose connection then
 // ends at once); with nothing armed it says so.
 func TestDisarmPages(t *testing.T) {
