@@ -28,12 +28,10 @@ type kubeMoveSample struct {
 	migratePhases             []phase
 	moveWall, moveReady       time.Duration // berthctl move (the restore pod Ready), then /healthz answering
 	movePhases                []phase
-	moveBytes, pageBytes      int64
+	moveBytes                 int64
 	moveMode                  string
-	// the other modes, for the table: migrate in the mode that is not its default, and move
-	// --mode stored (the default move streams the pages: copy mode with the agents)
+	// migrate in the mode that is not its default, for the table
 	migrateOtherWall, migrateOtherReady time.Duration
-	storedWall, storedReady             time.Duration
 	// moveDetail splits the move's checkpoint and restore phases: what berth's shim recorded
 	// (the checkpoint's manifest, the restore report in the restore pod's bundle) and the rest
 	// (the kubelet, containerd's CRI, scheduling, the sandbox)
@@ -45,7 +43,6 @@ func (s kubeMoveSample) moveTotal() time.Duration    { return s.moveWall + s.mov
 func (s kubeMoveSample) migrateOtherTotal() time.Duration {
 	return s.migrateOtherWall + s.migrateOtherReady
 }
-func (s kubeMoveSample) storedTotal() time.Duration { return s.storedWall + s.storedReady }
 
 // migrateDefaultMode returns the mode `berthctl migrate` uses without --mode, from its help
 // (`(default "stored")`), and the other of copy and stored.
@@ -90,12 +87,12 @@ func kubeMoveBenchMiB(b *testing.B) (int, string) {
 // berthctl migrate between the two containerd nodes, and as a pod of RuntimeClass berth with
 // `kubectl berth move` (berthctl move: the kubelet checkpoint API through the API server, the
 // archive sent node to node by the berth agents, a restore pod Ready, the source deleted)
-// between the two kubelets of the Kubernetes cluster (in its default mode: copy, the pages
-// streamed beside the kubelet's archive), and, for the table, migrate in the mode that is not its
-// default and move --mode stored, in rotating order, BERTH_BENCH_ROUNDS rounds (default 3). Each
-// total runs until the workload answers /healthz on the destination. It reports the medians and
-// move/migrate against migrate's default mode (read from its --help), move/migrate-OTHER, and
-// move-stored/migrate; it never asserts on times.
+// between the two kubelets of the Kubernetes cluster (its default mode, stored: the agents'
+// image has no CRIU for copy mode's page server), and, for the table, migrate in the mode that is
+// not its default, in rotating order, BERTH_BENCH_ROUNDS rounds (default 3). Each total runs
+// until the workload answers /healthz on the destination. It reports the medians, move/migrate
+// against migrate's default mode (read from its --help) and move/migrate-OTHER; it never asserts
+// on times.
 func BenchmarkKubeMove(b *testing.B) {
 	c := needCluster(b)
 	kc := needKube(b)
@@ -131,7 +128,6 @@ func BenchmarkKubeMove(b *testing.B) {
 				func() {
 					s.migrateOtherWall, s.migrateOtherReady = benchMigrateMode(ctx, b, c, mib, 200+round, work, otherMode)
 				},
-				func() { benchKubeMoveStored(ctx, b, kc, ns, mib, round, &s) },
 			}
 			for i := range paths {
 				paths[(round+i)%len(paths)]()
@@ -152,7 +148,6 @@ func BenchmarkKubeMove(b *testing.B) {
 	b.ReportMetric(migrate.Seconds(), "migrate-s")
 	b.ReportMetric(move.Seconds(), "move-s")
 	b.ReportMetric(ratio(move, migrate), "move/migrate")
-	b.ReportMetric(ratio(med(kubeMoveSample.storedTotal), migrate), "move-stored/migrate")
 	b.ReportMetric(ratio(move, med(kubeMoveSample.migrateOtherTotal)), "move/migrate-"+otherMode)
 
 	fmt.Println()
@@ -189,14 +184,6 @@ func benchMigrateMode(ctx context.Context, b *testing.B, c *node.Cluster, mib, r
 	_ = src.Remove(ctx, id)
 	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
 	return wall, ready
-}
-
-// benchKubeMoveStored is benchKubeMove with kubectl berth move --mode stored (the pages in the
-// kubelet's archive), recording only the totals.
-func benchKubeMoveStored(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns string, mib, round int, s *kubeMoveSample) {
-	var st kubeMoveSample
-	benchKubeMoveArgs(ctx, b, kc, ns, mib, round+100, &st, "--mode", "stored")
-	s.storedWall, s.storedReady = st.moveWall, st.moveReady
 }
 
 // benchKubeMove runs the workload as a pod on kube1, moves it to kube2 with kubectl berth move
@@ -275,7 +262,7 @@ func benchKubeMoveArgs(ctx context.Context, b *testing.B, kc *node.KubeCluster, 
 	for _, p := range res.Phases {
 		s.movePhases = append(s.movePhases, phase{p.Name, time.Duration(p.Ms * float64(time.Millisecond))})
 	}
-	s.moveBytes, s.pageBytes, s.moveMode = res.Bytes, res.PageBytes, res.Mode
+	s.moveBytes, s.moveMode = res.Bytes, res.Mode
 	t = time.Now()
 	healthz(restored, time.Minute)
 	s.moveReady = time.Since(t)
@@ -358,8 +345,8 @@ func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample, defMode,
 		}
 		return out
 	}
-	fmt.Fprintf(w, "%d MiB of weights, median of %d rounds (seconds); move in %s mode: archive %.1f MiB, page stream %.1f MiB\n", mib, len(samples),
-		samples[0].moveMode, float64(samples[0].moveBytes)/(1<<20), float64(samples[0].pageBytes)/(1<<20))
+	fmt.Fprintf(w, "%d MiB of weights, median of %d rounds (seconds); move in %s mode, archive %.1f MiB\n", mib, len(samples),
+		samples[0].moveMode, float64(samples[0].moveBytes)/(1<<20))
 	fmt.Fprintf(w, "berthctl migrate (two containerd nodes), its default mode (%s):\n", defMode)
 	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.migratePhases }) {
 		fmt.Fprintf(w, "  %-34s %8s\n", p.name, sec(p.d))
@@ -379,14 +366,10 @@ func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample, defMode,
 	fmt.Fprintf(w, "  %-34s %8s\n", "total", sec(med(kubeMoveSample.moveTotal)))
 	fmt.Fprintf(w, "berthctl migrate --mode %s: wall %s, total %s\n", otherMode,
 		sec(med(func(s kubeMoveSample) time.Duration { return s.migrateOtherWall })), sec(med(kubeMoveSample.migrateOtherTotal)))
-	fmt.Fprintf(w, "kubectl berth move --mode stored: wall %s, total %s\n",
-		sec(med(func(s kubeMoveSample) time.Duration { return s.storedWall })), sec(med(kubeMoveSample.storedTotal)))
 	fmt.Fprintf(w, "move/migrate (migrate's default, %s): %.2f (per round:", defMode, ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateTotal)))
 	for _, s := range samples {
 		fmt.Fprintf(w, " %.2f", ratio(s.moveTotal(), s.migrateTotal()))
 	}
 	fmt.Fprintln(w, ")")
-	fmt.Fprintf(w, "move/migrate --mode %s: %.2f; move --mode stored/migrate (%s): %.2f\n", otherMode,
-		ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateOtherTotal)), defMode,
-		ratio(med(kubeMoveSample.storedTotal), med(kubeMoveSample.migrateTotal)))
+	fmt.Fprintf(w, "move/migrate --mode %s: %.2f\n", otherMode, ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateOtherTotal)))
 }

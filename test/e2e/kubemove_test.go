@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -208,7 +206,7 @@ func TestKubeMove(t *testing.T) {
 	})
 
 	// before the mover: kube1's CPUs hold one such pod at a time
-	t.Run("copy mode: destination agent killed mid page stream", func(t *testing.T) {
+	t.Run("copy mode fails safe where the destination agent cannot run CRIU", func(t *testing.T) {
 		kubeMovePageStreamFault(t, ctx, c, ns)
 	})
 
@@ -256,7 +254,6 @@ func TestKubeMove(t *testing.T) {
 		}
 	})
 
-	// the default mode with the agents: copy (the pages stream during the kubelet's checkpoint)
 	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "mover", "-o", "json")
 	if err != nil {
 		t.Fatalf("kubectl berth move: %v\n%s%s", err, out, stderr)
@@ -287,24 +284,9 @@ func TestKubeMove(t *testing.T) {
 	if res.Bytes <= 0 {
 		t.Errorf("move reports %d bytes sent", res.Bytes)
 	}
-	// copy mode: the pages went beside the kubelet's archive, which holds none; the destination
-	// holds them, verified against the digest the shim signed
-	if res.Mode != "copy" || res.PageBytes < 16<<20 {
-		t.Errorf("move in mode %q streamed %d bytes of pages; want copy mode and the 16 MiB of weights at least", res.Mode, res.PageBytes)
+	if res.Mode != "stored" || res.PageBytes != 0 {
+		t.Errorf("move in mode %q with %d bytes of page stream; want the default, stored", res.Mode, res.PageBytes)
 	}
-	var pagesInArchive []string
-	for _, n := range kubeTarNames(t, filepath.Join(src.CheckpointDir, filepath.Base(res.Archive))) {
-		if strings.HasPrefix(path.Base(n), "pages-") && strings.HasSuffix(n, ".img") {
-			pagesInArchive = append(pagesInArchive, n)
-		}
-	}
-	if len(pagesInArchive) > 0 {
-		t.Errorf("the kubelet's archive %s holds page images %v in copy mode", res.Archive, pagesInArchive)
-	}
-	if pages, _ := filepath.Glob(filepath.Join(dst.CheckpointRoot, res.Checkpoint, "checkpoint", "pages-*.img")); len(pages) == 0 {
-		t.Errorf("checkpoint %s on %s holds no page images: the page stream was not adopted", res.Checkpoint, dst.Name)
-	}
-	t.Logf("copy mode: %.1f MiB of pages streamed beside an archive of %.1f MiB", float64(res.PageBytes)/(1<<20), float64(res.Bytes)/(1<<20))
 	rp := kubeGetPod(t, ctx, c, ns, res.Restored)
 	if rp.Spec.NodeName != dst.Name || rp.Labels["app"] != "infer" {
 		t.Errorf("restore pod on %s with labels %v", rp.Spec.NodeName, rp.Labels)
@@ -401,17 +383,16 @@ func TestKubeMove(t *testing.T) {
 	})
 }
 
-// kubeMovePageStreamFault moves a pod holding 256 MiB in copy mode and kills the destination
-// agent's receiver once 16 MiB of its page stream arrived: the move fails naming the page
-// stream, the source pod runs on (same container, no restart, still serving), no restore pod is
-// made, the source node's agent disarmed (nothing left in /run/berth/page-streams) and, once the
-// destination's agent runs again, its checkpoint root is as before.
+// kubeMovePageStreamFault moves a pod in copy mode to a node whose agent cannot write the page
+// stream (contrib/kubernetes's agent image has no CRIU, so its receiver's page server does not
+// start): the shim, armed by the source agent, relays CRIU's first pages, the destination ends
+// the stream, CRIU's dump fails and the kubelet's checkpoint with it. The move fails naming the
+// page stream; the source pod runs on (same container, no restart, still serving), no archive is
+// left on the source, no restore pod is made, nothing is left armed on the source node nor in
+// the destination's checkpoint root.
 func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeCluster, ns string) {
 	src, dst := c.Nodes[0], c.Nodes[1]
-	pod := kubePodYAML("bigmover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name})
-	pod = strings.Replace(pod, `args: ["-weights-mib", "16",`, `args: ["-weights-mib", "256",`, 1)
-	pod = strings.ReplaceAll(pod, "memory: 256Mi", "memory: 640Mi")
-	before := kubeRunPod(t, ctx, c, ns, "bigmover", pod)
+	before := kubeRunPod(t, ctx, c, ns, "bigmover", kubePodYAML("bigmover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
 	defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "bigmover", "--timeout=60s") }()
 	st := client.Target{BaseURL: before.Status.PodIP + ":8080"}
 	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {
@@ -425,25 +406,11 @@ func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeClus
 		}
 		return strings.Join(names, " ")
 	}
-	stored := list(dst.CheckpointRoot)
-	rcv := agentReceiverPID(t, dst.CheckpointRoot)
-	killed := make(chan bool, 1)
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() {
-		for wctx.Err() == nil && pagesReceived(dst.CheckpointRoot) < 16<<20 {
-			time.Sleep(5 * time.Millisecond)
-		}
-		killed <- wctx.Err() == nil && syscallKill(rcv) == nil
-	}()
+	stored, archives := list(dst.CheckpointRoot), list(src.CheckpointDir)
 	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "bigmover", "--to", dst.Name, "--mode", "copy")
-	stop()
-	if !<-killed {
-		t.Fatalf("the destination's receiver (pid %d) was not killed mid-stream; move: %v\n%s%s", rcv, err, out, stderr)
-	}
-	t.Logf("move with the destination agent killed mid page stream: %v\n%s", err, strings.TrimSpace(stderr))
-	if err == nil || !strings.Contains(stderr, "page stream") {
-		t.Errorf("move with its destination killed mid page stream: %v; want an error naming the page stream\n%s%s", err, out, stderr)
+	t.Logf("copy-mode move to an agent without CRIU: %v\n%s", err, strings.TrimSpace(stderr))
+	if err == nil || !strings.Contains(stderr, "page stream") || !strings.Contains(stderr, "page server") {
+		t.Errorf("copy-mode move whose destination cannot take the page stream: %v; want an error naming the page stream\n%s%s", err, out, stderr)
 	}
 	after := kubeGetPod(t, ctx, c, ns, "bigmover")
 	if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
@@ -456,11 +423,10 @@ func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeClus
 	if pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name"); err != nil || strings.Contains(pods, "bigmover-m") {
 		t.Errorf("pods after the failed move: %q (%v): a restore pod was made", pods, err)
 	}
-	// the destination's agent restarts (its DaemonSet) and clears what the killed one left
-	if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", "daemonset/berth-agent", "--timeout=120s"); err != nil {
-		t.Errorf("agents after the kill: %v", err)
+	if now := list(src.CheckpointDir); now != archives {
+		t.Errorf("the kubelet's checkpoint directory on %s after the failed move: %q, before %q", src.Name, now, archives)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for list(dst.CheckpointRoot) != stored && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -508,5 +474,3 @@ func agentReceiverPID(t *testing.T, root string) int {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
-
-func syscallKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

@@ -83,8 +83,10 @@ type Options struct {
 	Preflight NodePreflight
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
-	// Mode is ModeCopy, ModeStored, or "" for copy when Transfer carries page streams
-	// (PageStreams: Agents) and stored otherwise.
+	// Mode is ModeCopy (Transfer must carry page streams: PageStreams, Agents) or ModeStored;
+	// "" is ModeStored. Copy mode needs a destination agent that can run CRIU's page server
+	// (criu on its PATH and CAP_CHECKPOINT_RESTORE), which contrib/kubernetes's agent does not
+	// have: there the page stream fails at its first page and the move with it (the pod runs on).
 	Mode string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
@@ -164,18 +166,13 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	res.From = src.Spec.NodeName
 	streams, canStream := o.Transfer.(PageStreams)
 	switch o.Mode {
-	case "":
+	case "", ModeStored:
 		res.Mode = ModeStored
-		if canStream {
-			res.Mode = ModeCopy
-		}
 	case ModeCopy:
 		if !canStream {
 			return nil, fmt.Errorf("move mode %s: the transfer cannot carry a page stream (use the berth agents, --transfer agent, or --mode %s)", ModeCopy, ModeStored)
 		}
 		res.Mode = ModeCopy
-	case ModeStored:
-		res.Mode = ModeStored
 	default:
 		return nil, fmt.Errorf("move mode %q: want %s or %s", o.Mode, ModeCopy, ModeStored)
 	}
