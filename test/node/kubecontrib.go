@@ -31,7 +31,10 @@ func ContribDir() string { return filepath.Join(RepoRoot(), "contrib", "kubernet
 //     replaced by AgentEtc (the trusted keys every node's shim has, as the agent sees them), and
 //     its collector run every AgentGCInterval instead of every 10 minutes (same policy). Its
 //     other host paths are the usual ones: each node's mount namespace shows its kubelet
-//     checkpoint directory and checkpoint root there (kubenode.go).
+//     checkpoint directory and checkpoint root there (kubenode.go);
+//   - berth-probe-daemonset.yaml runs on every node with the locally built berthctl image, as it
+//     is otherwise: its host / is the node's mount namespace's (the kubelet and containerd run
+//     there), its host PID namespace the machine's, which every node shares.
 //
 // Then it waits until berth-nri is running and synchronized with containerd on every node, and
 // the agents run on every node.
@@ -55,7 +58,7 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if err := c.waitServiceAccount(ctx, "default"); err != nil {
 		return err
 	}
-	var nriApplied, agentApplied bool
+	var nriApplied, agentApplied, probeApplied bool
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -76,6 +79,12 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 				return err
 			}
 			agentApplied = true
+		case "berth-probe-daemonset.yaml":
+			if !bytes.Contains(b, []byte(agentPublishedRef)) {
+				return fmt.Errorf("%s does not name the image %s any more: update kubecontrib.go", f, agentPublishedRef)
+			}
+			b = bytes.ReplaceAll(b, []byte(agentPublishedRef), []byte(AgentRef))
+			probeApplied = true
 		}
 		out, err := c.KubectlIn(ctx, bytes.NewReader(b), args...)
 		if err != nil {
@@ -95,7 +104,10 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if !agentApplied {
 		return fmt.Errorf("no berth-agent-daemonset.yaml in %s", ContribDir())
 	}
-	for _, ds := range []string{"daemonset/berth-nri", "daemonset/berth-agent"} {
+	if !probeApplied {
+		return fmt.Errorf("no berth-probe-daemonset.yaml in %s", ContribDir())
+	}
+	for _, ds := range []string{"daemonset/berth-nri", "daemonset/berth-agent", "daemonset/berth-probe"} {
 		if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", ds, "--timeout=120s"); err != nil {
 			pods, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "pods", "-o", "wide")
 			events, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "events", "--sort-by=.lastTimestamp")
