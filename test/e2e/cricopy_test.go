@@ -85,8 +85,12 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 		t.Fatalf("crictl checkpoint: %v %s", err, out)
 	}
 	var sent struct{ Bytes int64 }
-	if !lines.Scan() || json.Unmarshal([]byte(lines.Text()), &sent) != nil {
-		t.Errorf("send-pages result: %q", lines.Text())
+	var result strings.Builder // the JSON result, over several lines
+	for lines.Scan() {
+		result.WriteString(lines.Text() + "\n")
+	}
+	if err := json.Unmarshal([]byte(result.String()), &sent); err != nil {
+		t.Errorf("send-pages result: %v: %q", err, result.String())
 	}
 	if err := sp.Wait(); err != nil {
 		t.Fatalf("send-pages: %v %s", err, spErr.String())
