@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -145,4 +147,107 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 	}
 	_, _ = dst.Crictl(ctx, "stop", "-t", "0", rid)
 	_, _ = dst.Crictl(ctx, "rm", rid)
+}
+
+// TestCRICheckpointCopyModeReceiverKilled breaks TestCRICheckpointCopyMode's page stream: the
+// receiver is killed once 16 MiB of a 256 MiB container's pages arrived. The CRI checkpoint fails,
+// the container runs on (same process, still serving), send-pages ends, nothing stays armed, and
+// a receiver started again on the same root leaves nothing there.
+func TestCRICheckpointCopyModeReceiverKilled(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	src := c.Nodes[0]
+	if err := src.Import(ctx, "k8s.io", c.Images[image.WorkloadRef]); err != nil {
+		t.Fatal(err)
+	}
+	arm := filepath.Join(src.Dir, "page-streams-cricopy-killed")
+	if err := os.MkdirAll(arm, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(arm) })
+	restore, err := src.AppendShimConfig("page_stream_dir = " + `"` + arm + `"` + "\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = restore() })
+	dir, root := t.TempDir(), t.TempDir()
+	rcv := fltStartReceive(t, ctx, c, root)
+
+	pod := criPod(t, ctx, src, dir, "cricopyk-src", "default")
+	cfg := fmt.Sprintf(`{"metadata": {"name": "infer"}, "image": {"image": %q},
+ "command": [%q, "-listen", "127.0.0.1:8080", "-weights-mib", "256", "-delay-ms", "0"],
+ "log_path": "infer.log", "linux": {"security_context": {"namespace_options": {"pid": 1}}}}`, image.WorkloadRef, image.WorkloadBinary)
+	cfgPath := filepath.Join(dir, "cricopyk-ctr.json")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cid, err := src.Crictl(ctx, "create", pod, cfgPath, filepath.Join(dir, "cricopyk-src.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Crictl(ctx, "start", cid); err != nil {
+		t.Fatal(err)
+	}
+	pid := criPID(t, ctx, src, cid)
+	st := client.Target{BaseURL: "127.0.0.1:8080", DialContext: node.NetnsDialer(pid)}
+	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+
+	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", "cri-copy-killed", "--dir", arm, "--expire", "60s", rcv.addr)
+	stdout, err := sp.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spErr strings.Builder
+	sp.Stderr = &spErr
+	if err := sp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "armed" {
+		_ = sp.Wait()
+		t.Fatalf("send-pages did not arm: %q %s", lines.Text(), spErr.String())
+	}
+	killed := make(chan bool, 1)
+	go func() {
+		for ctx.Err() == nil && pagesReceived(root) < 16<<20 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		rcv.kill()
+		killed <- ctx.Err() == nil
+	}()
+	out, err := src.Crictl(ctx, "checkpoint", "--export="+filepath.Join(dir, "killed.tar"), cid)
+	if !<-killed {
+		t.Fatalf("the receiver was not killed mid-stream; checkpoint: %v %s", err, out)
+	}
+	t.Logf("crictl checkpoint with its receiver killed mid page stream: %v", err)
+	if err == nil {
+		t.Errorf("crictl checkpoint succeeded although its page stream was cut")
+	}
+	_, _ = io.Copy(io.Discard, stdout)
+	_ = sp.Wait() // it ends either way; its verdict is the shim's and the receiver's
+	t.Logf("send-pages: %s", strings.TrimSpace(spErr.String()))
+	if state, err := src.Crictl(ctx, "inspect", "-o", "go-template", "--template", "{{.status.state}}", cid); err != nil || state != "CONTAINER_RUNNING" {
+		t.Errorf("source after the failed checkpoint: %q %v", state, err)
+	}
+	if now := criPID(t, ctx, src, cid); now != pid {
+		t.Errorf("source pid %d after the failed checkpoint, was %d", now, pid)
+	}
+	if _, err := client.Stats(ctx, st); err != nil {
+		t.Errorf("source workload after the failed checkpoint: %v", err)
+	}
+	if ents, _ := os.ReadDir(arm); len(ents) != 0 {
+		t.Errorf("left in the page stream directory: %v", ents)
+	}
+	again := fltStartReceive(t, ctx, c, root) // removes what the killed one left
+	again.kill()
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("left in the receiver's root: %v", names)
+	}
 }
