@@ -126,6 +126,25 @@ func TestKubeMove(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "delete", "namespace", ns, "--wait=false") })
 
+	t.Run("agent holds no signing key", func(t *testing.T) {
+		// the agents' /etc/berth holds node.key, which shim.toml names as signing_key: the agent
+		// runs without it (its receiver never signs), and it is not in the agent's container
+		pod, err := c.Kubectl(ctx, "-n", "berth-system", "get", "pods", "-l", "app.kubernetes.io/name=berth-agent", "-o", "jsonpath={.items[0].metadata.name}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		inspect := func(p string) string {
+			out, err := c.Kubectl(ctx, "-n", "berth-system", "exec", pod, "-c", "agent", "--", "/usr/local/bin/berthctl", "checkpoint", "inspect", p)
+			return fmt.Sprint(out, err) // berthctl's error is in kubectl's stderr, which err carries
+		}
+		if out := inspect("/etc/berth/" + node.AgentNodeKey); !strings.Contains(out, "no such file or directory") {
+			t.Errorf("the node's private key in agent %s: inspect %s: %q, want no such file", pod, node.AgentNodeKey, out)
+		}
+		if out := inspect("/etc/berth/shim.toml"); strings.Contains(out, "no such file or directory") {
+			t.Errorf("agent %s has no /etc/berth/shim.toml: %q", pod, out)
+		}
+	})
+
 	t.Run("owned pod refused", func(t *testing.T) {
 		if _, err := c.Kubectl(ctx, "-n", ns, "create", "configmap", "owner"); err != nil {
 			t.Fatal(err)
@@ -144,7 +163,10 @@ func TestKubeMove(t *testing.T) {
 		if p := kubeGetPod(t, ctx, c, ns, "owned"); p.Status.Phase != corev1.PodRunning {
 			t.Errorf("owned pod %s after the refused move", p.Status.Phase)
 		}
-		_, _ = c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--wait=false")
+		// gone before the next subtest lists the namespace's pods
+		if _, err := c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--grace-period=1", "--timeout=60s"); err != nil {
+			t.Errorf("delete the owned pod: %v", err)
+		}
 	})
 
 	t.Run("preflight refuses a destination without the image", func(t *testing.T) {
