@@ -182,6 +182,14 @@ var hostPathsAllowed = map[string]map[string]bool{
 // checks host PIDs and asks a GPU backend about them (berth-probe-daemonset.yaml).
 var hostPIDAllowed = map[string]bool{"berth-probe": true}
 
+// capabilitiesAllowed are, per DaemonSet and container, the capabilities it may add (to a drop
+// of ALL): the agent's receiver runs CRIU's page server for copy-mode moves, which starts only
+// with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; the latter is the narrower one (in the agent's
+// own PID and user namespaces, not the host's: see contrib/TRUST.md).
+var capabilitiesAllowed = map[string]map[string][]corev1.Capability{
+	"berth-agent": {"agent": {"CHECKPOINT_RESTORE"}},
+}
+
 
 func TestDaemonSetsLeastPrivilege(t *testing.T) {
 	o := load(t)
@@ -246,7 +254,12 @@ func TestDaemonSetsLeastPrivilege(t *testing.T) {
 					t.Errorf("container %s: root filesystem not read-only", c.Name)
 				}
 				if sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
-					t.Errorf("container %s adds capabilities %v", c.Name, sc.Capabilities.Add)
+					if want := capabilitiesAllowed[ds.Name][c.Name]; !slices.Equal(sc.Capabilities.Add, want) {
+						t.Errorf("container %s adds capabilities %v; it may add only %v", c.Name, sc.Capabilities.Add, want)
+					}
+					if !slices.Contains(sc.Capabilities.Drop, corev1.Capability("ALL")) {
+						t.Errorf("container %s adds %v without dropping ALL first (drops %v)", c.Name, sc.Capabilities.Add, sc.Capabilities.Drop)
+					}
 				}
 				if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 					t.Errorf("container %s: wants cpu and memory requests and a memory limit, has %v", c.Name, c.Resources)

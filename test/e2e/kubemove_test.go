@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -251,7 +253,8 @@ func TestKubeMove(t *testing.T) {
 		if err := watch.Start(); err != nil {
 			t.Fatal(err)
 		}
-		out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, name, "--to", dst.Name, "-o", "json")
+		// stored mode: the kubelet's archive carries the pages, sent whole
+		out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, name, "--to", dst.Name, "--mode", "stored", "-o", "json")
 		if err != nil {
 			stop()
 			_ = watch.Wait()
@@ -260,6 +263,14 @@ func TestKubeMove(t *testing.T) {
 		var res kubeMoveResult
 		if err := json.Unmarshal([]byte(out), &res); err != nil {
 			t.Fatal(err)
+		}
+		if res.Mode != "stored" || res.PageBytes != 0 {
+			t.Errorf("--mode stored move in mode %q with %d bytes of page stream", res.Mode, res.PageBytes)
+		}
+		if !slices.ContainsFunc(kubeTarNames(t, filepath.Join(src.CheckpointDir, filepath.Base(res.Archive))), func(n string) bool {
+			return strings.HasPrefix(path.Base(n), "pages-")
+		}) {
+			t.Errorf("stored-mode archive %s holds no page image", res.Archive)
 		}
 		time.Sleep(3 * time.Second) // room for a ReplicaSet that would scale up or delete
 		stop()
@@ -288,8 +299,8 @@ func TestKubeMove(t *testing.T) {
 	})
 
 	// before the mover: kube1's CPUs hold one such pod at a time
-	t.Run("copy mode fails safe where the destination agent cannot run CRIU", func(t *testing.T) {
-		kubeMovePageStreamFault(t, ctx, c, ns)
+	t.Run("copy mode: destination agent killed mid page stream leaves the source", func(t *testing.T) {
+		kubeMoveAgentKilled(t, ctx, c, ns)
 	})
 
 	srcPod := kubeRunPod(t, ctx, c, ns, "mover", kubePodYAML("mover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
@@ -366,8 +377,17 @@ func TestKubeMove(t *testing.T) {
 	if res.Bytes <= 0 {
 		t.Errorf("move reports %d bytes sent", res.Bytes)
 	}
-	if res.Mode != "stored" || res.PageBytes != 0 {
-		t.Errorf("move in mode %q with %d bytes of page stream; want the default, stored", res.Mode, res.PageBytes)
+	// copy mode, the default with the agents: the pages went beside the archive, not in it
+	if res.Mode != "copy" || res.PageBytes < 16<<20 {
+		t.Errorf("move in mode %q with %d bytes of page stream; want the default, copy, with the 16 MiB of weights at least", res.Mode, res.PageBytes)
+	}
+	for _, n := range kubeTarNames(t, filepath.Join(src.CheckpointDir, filepath.Base(res.Archive))) {
+		if strings.HasPrefix(path.Base(n), "pages-") {
+			t.Errorf("the kubelet's archive %s holds page image %s in copy mode", res.Archive, n)
+		}
+	}
+	if got, _ := filepath.Glob(filepath.Join(dst.CheckpointRoot, res.Checkpoint, "checkpoint", "pages-*.img")); len(got) == 0 {
+		t.Errorf("no page images in %s on %s: the streamed pages were not adopted", res.Checkpoint, dst.Name)
 	}
 	rp := kubeGetPod(t, ctx, c, ns, res.Restored)
 	if rp.Spec.NodeName != dst.Name || rp.Labels["app"] != "infer" {
@@ -465,14 +485,13 @@ func TestKubeMove(t *testing.T) {
 	})
 }
 
-// kubeMovePageStreamFault moves a pod in copy mode to a node whose agent cannot write the page
-// stream (contrib/kubernetes's agent image has no CRIU, so its receiver's page server does not
-// start): the shim, armed by the source agent, relays CRIU's first pages, the destination ends
-// the stream, CRIU's dump fails and the kubelet's checkpoint with it. The move fails naming the
-// page stream; the source pod runs on (same container, no restart, still serving), no archive is
-// left on the source, no restore pod is made, nothing is left armed on the source node nor in
-// the destination's checkpoint root.
-func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeCluster, ns string) {
+// kubeMoveAgentKilled moves a pod in copy mode (the default) and kills (SIGKILL) the
+// destination node's agent once 4 MiB of its pages arrived there: the page stream breaks, CRIU's
+// dump fails and the kubelet's checkpoint with it. The move fails; the source pod runs on (same
+// container, no restart, still serving), no archive is left on the source, no restore pod is
+// made, nothing is left armed on the source node, and once the agent runs again nothing of the
+// stream is left in the destination's checkpoint root.
+func kubeMoveAgentKilled(t *testing.T, ctx context.Context, c *node.KubeCluster, ns string) {
 	src, dst := c.Nodes[0], c.Nodes[1]
 	before := kubeRunPod(t, ctx, c, ns, "bigmover", kubePodYAML("bigmover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
 	defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "bigmover", "--timeout=60s") }()
@@ -489,14 +508,33 @@ func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeClus
 		return strings.Join(names, " ")
 	}
 	stored, archives := list(dst.CheckpointRoot), list(src.CheckpointDir)
-	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "bigmover", "--to", dst.Name, "--mode", "copy")
-	t.Logf("copy-mode move to an agent without CRIU: %v\n%s", err, strings.TrimSpace(stderr))
-	if err == nil || !strings.Contains(stderr, "page stream") || !strings.Contains(stderr, "page server") {
-		t.Errorf("copy-mode move whose destination cannot take the page stream: %v; want an error naming the page stream\n%s%s", err, out, stderr)
+	agent := agentReceiverPID(t, dst.CheckpointRoot)
+	mctx, stop := context.WithCancel(ctx)
+	killed := make(chan int64, 1)
+	go func() {
+		var n int64
+		for mctx.Err() == nil {
+			if n = pagesReceived(dst.CheckpointRoot); n >= 4<<20 {
+				_ = syscall.Kill(agent, syscall.SIGKILL)
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		killed <- n
+	}()
+	out, stderr, err := kubectlBerth(mctx, t, c, "move", "-n", ns, "bigmover", "--to", dst.Name)
+	stop()
+	if n := <-killed; n < 4<<20 {
+		t.Fatalf("the destination agent was not killed mid page stream (%d bytes of pages seen); move: %v\n%s%s", n, err, out, stderr)
+	}
+	t.Logf("copy-mode move with the destination agent killed mid page stream: %v\n%s", err, strings.TrimSpace(stderr))
+	if err == nil {
+		t.Errorf("copy-mode move whose destination agent was killed mid page stream succeeded\n%s", out)
 	}
 	after := kubeGetPod(t, ctx, c, ns, "bigmover")
 	if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
-		after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 {
+		after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 ||
+		after.Status.ContainerStatuses[0].State.Running == nil {
 		t.Errorf("source pod after the failed move: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
 	}
 	if _, err := client.Stats(ctx, st); err != nil {
@@ -507,6 +545,10 @@ func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeClus
 	}
 	if now := list(src.CheckpointDir); now != archives {
 		t.Errorf("the kubelet's checkpoint directory on %s after the failed move: %q, before %q", src.Name, now, archives)
+	}
+	// the agent runs again (the kubelet restarts its container) before what it left is judged
+	if pid := agentReceiverPID(t, dst.CheckpointRoot); pid == agent {
+		t.Errorf("the destination agent %d still runs after SIGKILL", pid)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for list(dst.CheckpointRoot) != stored && time.Now().Before(deadline) {
@@ -522,6 +564,10 @@ func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeClus
 	}
 	if now := list(srcArm); now != "" {
 		t.Errorf("armed page streams left on %s: %s", src.Name, now)
+	}
+	// the destination's agent answers execs again before the next move's preflight
+	if _, err := c.Kubectl(ctx, "-n", "berth-system", "wait", "--for=condition=Ready", "pod", "-l", "app.kubernetes.io/name=berth-agent", "--timeout=120s"); err != nil {
+		t.Fatalf("agents not Ready again: %v", err)
 	}
 }
 

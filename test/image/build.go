@@ -183,6 +183,21 @@ func binaryName(repoRoot, pkg string) (string, error) {
 //
 // It returns ref. Errors name the package, the tool and its output, or the path involved.
 func BuildGoImage(ctx context.Context, repoRoot, pkg, ref, out string, cfg Config) (string, error) {
+	return BuildGoImageWith(ctx, repoRoot, pkg, ref, out, cfg)
+}
+
+// Binary is a program of this machine that BuildGoImageWith adds to an image: Src, its path
+// here, goes to Dst, an absolute path inside the image, with its dynamic loader and shared
+// libraries (AddDynamicBinary).
+type Binary struct {
+	Src, Dst string
+}
+
+// BuildGoImageWith is BuildGoImage with the binaries bins added to the image after the Go
+// binary (AddDynamicBinary each: their loader and shared libraries at the paths they have on
+// this machine). The cache stamp covers them, as it covers every file of the root filesystem.
+// Errors are BuildGoImage's, and name a binary or library that could not be read.
+func BuildGoImageWith(ctx context.Context, repoRoot, pkg, ref, out string, cfg Config, bins ...Binary) (string, error) {
 	if _, err := ParseRef(ref); err != nil {
 		return "", err
 	}
@@ -206,6 +221,11 @@ func BuildGoImage(ctx context.Context, repoRoot, pkg, ref, out string, cfg Confi
 		// linked even without cgo: its loader and libraries come along
 		if _, err := r.AddDynamicBinary(bin, dst); err != nil {
 			return err
+		}
+		for _, b := range bins {
+			if _, err := r.AddDynamicBinary(b.Src, b.Dst); err != nil {
+				return fmt.Errorf("image %s: %w", ref, err)
+			}
 		}
 		if cfg.Entrypoint == nil && cfg.Cmd == nil {
 			cfg.Entrypoint = []string{dst}

@@ -247,7 +247,10 @@ func (c *KubeCluster) build(ctx context.Context) error {
 			return image.BuildGoImage(ctx, RepoRoot(), "./cmd/berth-nri", NRIRef, out, image.Config{})
 		}},
 		{"berthctl.tar", func(out string) (string, error) {
-			return image.BuildGoImage(ctx, RepoRoot(), "./cmd/berthctl", AgentRef, out, image.Config{})
+			// the stack's criu beside berthctl: the destination agent's receiver runs CRIU's
+			// page server for copy-mode moves (berth-agent-daemonset.yaml)
+			return image.BuildGoImageWith(ctx, RepoRoot(), "./cmd/berthctl", AgentRef, out, image.Config{},
+				image.Binary{Src: c.Stack.Tool("criu"), Dst: AgentCRIU})
 		}},
 	} {
 		out := filepath.Join(imgDir, b.out)

@@ -196,9 +196,12 @@ func readFeatureFile(path string) (map[string]string, error) {
 
 // Image refs of the agent DaemonSet.
 const (
-	// AgentRef is the berthctl image (berthctl at /usr/local/bin/berthctl) the agent DaemonSet
-	// runs instead of its published image.
+	// AgentRef is the berthctl image (berthctl at /usr/local/bin/berthctl, criu at AgentCRIU) the
+	// agent DaemonSet runs instead of its published image.
 	AgentRef = "localhost/berth/berthctl:test"
+	// AgentCRIU is where the agent image holds the stack's criu (on the agent's PATH), with the
+	// shared libraries it needs at the paths they have on this machine.
+	AgentCRIU = "/usr/local/bin/criu"
 	// agentPublishedRef is the image berth-agent-daemonset.yaml names.
 	agentPublishedRef = "registry.example/berth/berthctl:latest"
 	// agentName is the name in the agents' shared certificate (berth-agent-daemonset.yaml).

@@ -88,9 +88,10 @@ type Options struct {
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
 	// Mode is ModeCopy (Transfer must carry page streams: PageStreams, Agents) or ModeStored;
-	// "" is ModeStored. Copy mode needs a destination agent that can run CRIU's page server
-	// (criu on its PATH and CAP_CHECKPOINT_RESTORE), which contrib/kubernetes's agent does not
-	// have: there the page stream fails at its first page and the move with it (the pod runs on).
+	// "" is ModeCopy where Transfer carries page streams, ModeStored where it does not
+	// (SharedFS). Copy mode needs a destination agent that can run CRIU's page server (criu on
+	// its PATH and CAP_CHECKPOINT_RESTORE, as contrib/kubernetes's agent has): without it the
+	// page stream fails at its first page and the move with it (the pod runs on).
 	Mode string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
@@ -169,8 +170,15 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	}
 	res.From = src.Spec.NodeName
 	streams, canStream := o.Transfer.(PageStreams)
-	switch o.Mode {
-	case "", ModeStored:
+	mode := o.Mode
+	if mode == "" {
+		mode = ModeStored
+		if canStream {
+			mode = ModeCopy
+		}
+	}
+	switch mode {
+	case ModeStored:
 		res.Mode = ModeStored
 	case ModeCopy:
 		if !canStream {
