@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/sys/capability"
+
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
@@ -155,7 +157,14 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 	if criu == "" {
 		criu = "criu"
 	}
-	cmd := exec.CommandContext(ctx, criu, "page-server", "--images-dir", dir, "--ps-socket", "3", "-o", logFile, "-v2")
+	args := []string{"page-server", "--images-dir", dir, "--ps-socket", "3", "-o", logFile, "-v2"}
+	if !hasSysAdmin() {
+		// without CAP_SYS_ADMIN (the agent container: CAP_CHECKPOINT_RESTORE only) CRIU's
+		// root-only kernel probes fail (one unshares a network namespace) and with them any
+		// command; --unprivileged skips them, and the page server needs none of what they probe
+		args = append(args, "--unprivileged")
+	}
+	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = []*os.File{f}
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -186,6 +195,16 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 		return "", n, fmt.Errorf("%w: criu page-server: %w%s", ErrPageStream, werr, logErrors(logFile))
 	}
 	return checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// hasSysAdmin reports whether this process has CAP_SYS_ADMIN in its effective set (read from
+// /proc/self/status through moby/sys/capability); false when that cannot be read.
+func hasSysAdmin() bool {
+	caps, err := capability.NewPid2(0)
+	if err != nil || caps.Load() != nil {
+		return false
+	}
+	return caps.Get(capability.EFFECTIVE, capability.CAP_SYS_ADMIN)
 }
 
 // The page stream travels in frames, so that a cut link is never taken for the stream's end: a
