@@ -190,7 +190,6 @@ var capabilitiesAllowed = map[string]map[string][]corev1.Capability{
 	"berth-agent": {"agent": {"CHECKPOINT_RESTORE"}},
 }
 
-
 func TestDaemonSetsLeastPrivilege(t *testing.T) {
 	o := load(t)
 	namespaces := map[string]bool{}

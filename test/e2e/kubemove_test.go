@@ -111,8 +111,12 @@ func assertRefusedMove(ctx context.Context, t *testing.T, c *node.KubeCluster, n
 }
 
 // TestKubeMove moves a running inference pod to the other node with `kubectl berth move` (no
-// node named: the one whose labels match its checkpoint), through the kubelet checkpoint API; the
-// session continues with the tokens of an uninterrupted run. Before, a move that cannot finish
+// node named: the one whose labels match its checkpoint), through the kubelet checkpoint API, in
+// copy mode, the default (the pages stream to the destination's agent, which runs CRIU's page
+// server with CAP_CHECKPOINT_RESTORE only; the kubelet's archive holds no page image); the
+// session continues with the tokens of an uninterrupted run. A ReplicaSet's pod moves in stored
+// mode; a copy-mode move whose destination agent is killed mid page stream leaves the source
+// running and nothing on the destination. Before, a move that cannot finish
 // (the restore pod's wait times out) leaves the source running and nothing on the destination,
 // a pod a controller owns is refused, and the preflight refuses, before anything is
 // checkpointed, a destination without the image, without a hostPath source (the nodes' berth
