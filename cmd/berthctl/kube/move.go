@@ -170,23 +170,8 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	}
 	res.From = src.Spec.NodeName
 	streams, canStream := o.Transfer.(PageStreams)
-	mode := o.Mode
-	if mode == "" {
-		mode = ModeStored
-		if canStream {
-			mode = ModeCopy
-		}
-	}
-	switch mode {
-	case ModeStored:
-		res.Mode = ModeStored
-	case ModeCopy:
-		if !canStream {
-			return nil, fmt.Errorf("move mode %s: the transfer cannot carry a page stream (use the berth agents, --transfer agent, or --mode %s)", ModeCopy, ModeStored)
-		}
-		res.Mode = ModeCopy
-	default:
-		return nil, fmt.Errorf("move mode %q: want %s or %s", o.Mode, ModeCopy, ModeStored)
+	if res.Mode, err = moveMode(o.Mode, canStream); err != nil {
+		return nil, err
 	}
 	var containerID string
 	if res.Mode == ModeCopy {
@@ -458,4 +443,25 @@ func waitReady(ctx context.Context, cs kubernetes.Interface, ns, name string, ti
 		case <-tick.C:
 		}
 	}
+}
+
+// moveMode returns the mode a move runs in: requested (Options.Mode), or where that is "" copy
+// when the transfer carries page streams (canStream) and stored when it does not. Errors: copy
+// requested of a transfer that cannot stream, or a mode that is neither.
+func moveMode(requested string, canStream bool) (string, error) {
+	switch requested {
+	case "":
+		if canStream {
+			return ModeCopy, nil
+		}
+		return ModeStored, nil
+	case ModeStored:
+		return ModeStored, nil
+	case ModeCopy:
+		if !canStream {
+			return "", fmt.Errorf("move mode %s: the transfer cannot carry a page stream (use the berth agents, --transfer agent, or --mode %s)", ModeCopy, ModeStored)
+		}
+		return ModeCopy, nil
+	}
+	return "", fmt.Errorf("move mode %q: want %s or %s", requested, ModeCopy, ModeStored)
 }

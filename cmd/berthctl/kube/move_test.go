@@ -144,3 +144,24 @@ func TestAgentAddress(t *testing.T) {
 		t.Errorf("without agents: %v, want ErrNoAgent", err)
 	}
 }
+
+func TestMoveMode(t *testing.T) {
+	for _, tc := range []struct {
+		requested string
+		canStream bool
+		want      string // "" for an error
+	}{
+		{"", true, ModeCopy},
+		{"", false, ModeStored},
+		{ModeStored, true, ModeStored},
+		{ModeStored, false, ModeStored},
+		{ModeCopy, true, ModeCopy},
+		{ModeCopy, false, ""},
+		{"lazy", true, ""},
+	} {
+		got, err := moveMode(tc.requested, tc.canStream)
+		if got != tc.want || (err != nil) != (tc.want == "") {
+			t.Errorf("moveMode(%q, canStream %v) = %q, %v; want %q", tc.requested, tc.canStream, got, err, tc.want)
+		}
+	}
+}
