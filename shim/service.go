@@ -339,7 +339,8 @@ type RestoreReport struct {
 // restore's phases (RestoreReport) are logged (restore_ms the total, ms.<phase> each, in ms) and
 // written into the bundle as RestoreReportFile, also when the GPU restore failed. An archive
 // extracted for the restore is removed once Start returns. Any other task, and every exec, is
-// started by runc unchanged.
+// started by runc unchanged. Once a task's Start has answered, the heap left unused is handed
+// back to the kernel (releaseMemory).
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	if r.ExecID != "" {
 		return s.TTRPCTaskService.Start(ctx, r)
