@@ -81,6 +81,7 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		commands.CheckpointPush(g),
 		commands.CheckpointPull(g),
 		commands.CheckpointCheck(g),
+		commands.CheckpointNeed(),
 		commands.CheckpointLs(g),
 		commands.CheckpointRm(g),
 		commands.CheckpointGC(g),
@@ -104,7 +105,7 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		root.AddCommand(c.cmd)
 	}
 
-	root.AddCommand(commands.LazyGuard())
+	root.AddCommand(commands.LazyGuard(), commands.Probe())
 	// the former places of push and pull: they still work, hidden, and say where they went
 	for _, c := range []*cobra.Command{commands.CheckpointPush(g), commands.CheckpointPull(g)} {
 		c.Deprecated = "use 'berthctl checkpoint " + c.Name() + "'"

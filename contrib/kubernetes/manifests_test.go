@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/berth-dev/berth/cmd/berthctl/kube"
 	"github.com/berth-dev/berth/nri/plugin"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/fingerprint"
@@ -170,7 +171,14 @@ var hostPathsAllowed = map[string]map[string]bool{
 	"berth-labels": {featuresDir: true, "/usr": false},
 	// the agent writes received checkpoints and the collector removes checkpoints there, nothing else
 	"berth-agent": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true, "/etc/berth": false},
+	// the probe reads the host's files (hostPath volumes of moved pods may name any path), never writes
+	"berth-probe": {"/": false},
 }
+
+// hostPIDAllowed are the DaemonSets that may share the host's PID namespace: the probe, which
+// checks host PIDs and asks a GPU backend about them (berth-probe-daemonset.yaml).
+var hostPIDAllowed = map[string]bool{"berth-probe": true}
+
 
 func TestDaemonSetsLeastPrivilege(t *testing.T) {
 	o := load(t)
@@ -194,7 +202,7 @@ func TestDaemonSetsLeastPrivilege(t *testing.T) {
 				t.Errorf("selector %v does not match the template's labels %v", ds.Spec.Selector, ds.Spec.Template.Labels)
 			}
 			spec := ds.Spec.Template.Spec
-			if spec.HostPID || spec.HostNetwork || spec.HostIPC {
+			if (spec.HostPID && !hostPIDAllowed[ds.Name]) || spec.HostNetwork || spec.HostIPC {
 				t.Error("uses a host namespace (hostPID, hostNetwork or hostIPC)")
 			}
 			tolerated := false
@@ -245,6 +253,9 @@ func TestDaemonSetsLeastPrivilege(t *testing.T) {
 					if isHost && !allowed[hp] && !m.ReadOnly {
 						t.Errorf("container %s mounts host %s writable; it must be readOnly", c.Name, hp)
 					}
+					if hp == "/" && (m.RecursiveReadOnly == nil || *m.RecursiveReadOnly != corev1.RecursiveReadOnlyEnabled) {
+						t.Errorf("container %s mounts the host's / without recursiveReadOnly: Enabled (its submounts would be writable)", c.Name)
+					}
 				}
 			}
 		})
@@ -253,6 +264,56 @@ func TestDaemonSetsLeastPrivilege(t *testing.T) {
 		if !seen[name] {
 			t.Errorf("no DaemonSet %s", name)
 		}
+	}
+}
+
+// TestProbe: the berth-probe DaemonSet is what kubectl berth move execs into (kube.Probes'
+// defaults): label, container, the host's / at /host, berthctl probe as its process, hostPID, and
+// nothing that listens.
+func TestProbe(t *testing.T) {
+	ds := daemonSet(t, load(t), "berth-probe")
+	spec := ds.Spec.Template.Spec
+	if sel, _ := metav1.LabelSelectorAsSelector(ds.Spec.Selector); sel.String() != kube.DefaultProbeSelector || ds.Namespace != kube.DefaultAgentNamespace {
+		t.Errorf("selector %v in %s, kube.Probes looks for %s in %s", sel, ds.Namespace, kube.DefaultProbeSelector, kube.DefaultAgentNamespace)
+	}
+	if !spec.HostPID || spec.HostNetwork || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Errorf("hostPID %v, hostNetwork %v, service account token %v: want hostPID only", spec.HostPID, spec.HostNetwork, spec.AutomountServiceAccountToken)
+	}
+	// with the host's PIDs, uid 0 could signal every root process of the node
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the probe's pod security context %+v: want a non-root runAsUser and runAsNonRoot", sc)
+	}
+	if len(spec.Containers) != 1 || spec.Containers[0].Name != kube.DefaultProbeContainer {
+		t.Fatalf("containers %v: want one named %s", spec.Containers, kube.DefaultProbeContainer)
+	}
+	c := spec.Containers[0]
+	if len(c.Ports) > 0 {
+		t.Errorf("the probe declares ports %v: it listens on nothing", c.Ports)
+	}
+	if !slices.Equal(append(slices.Clone(c.Command), c.Args...), []string{"/usr/local/bin/berthctl", "probe"}) {
+		t.Errorf("runs %v %v, want berthctl probe", c.Command, c.Args)
+	}
+	host := ""
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == "/" {
+			host = v.Name
+		}
+	}
+	found := false
+	for _, m := range c.VolumeMounts {
+		if m.Name == host && m.MountPath == kube.DefaultProbeHostRoot && m.ReadOnly {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("the host's / is not mounted read-only at %s: %v", kube.DefaultProbeHostRoot, c.VolumeMounts)
+	}
+	gpu := false
+	for _, e := range c.Env {
+		gpu = gpu || e.Name == "BERTH_GPU"
+	}
+	if !gpu {
+		t.Error("no BERTH_GPU: the GPU backend of the probe's checks")
 	}
 }
 

@@ -46,6 +46,12 @@ type Manifest struct {
 	// that connection's authentication, not by the signature. Such a checkpoint restores only
 	// while its source still serves it.
 	PostCopy bool `json:"postCopy,omitempty"`
+	// LazyStream, in a PostCopy checkpoint, is the ID of the lazy page stream that serves its
+	// memory (32 hex digits, random, chosen by the source's relay for this move and sent in
+	// that stream's header). Under the signature it binds the stream to this checkpoint: the
+	// receiver runs the lazy-pages daemon only for the stream that carries it, so that no other
+	// peer can pair a page stream of its own with a checkpoint of the same name.
+	LazyStream string `json:"lazyStream,omitempty"`
 }
 
 // GPUState records what a checkpoint of a GPU container needs on restore.

@@ -22,6 +22,12 @@ const StampDir = ".verified"
 // identity of every file as the kernel reports it (size, inode, change time). Change time cannot
 // be set by a user: any write, truncate, chmod or replacement of a file changes it.
 //
+// Nothing but the file system's permissions protects a stamp: no key can, since the receiver that
+// writes it would have to hold that key. Whoever can write the checkpoint root (root on the node,
+// uid 0 in the node agent) can change a checkpoint's files and write a stamp that matches them, so
+// write access to the checkpoint root must be granted only where the node's key would be
+// (contrib/TRUST.md).
+//
 // Boot is the kernel's boot ID when the stamp was written: a stamp of an earlier boot never
 // matches, so after a crash or reboot every file is read again (a receiver that does not fsync,
 // transfer.Receiver.NoSync, may leave files whose metadata survived a crash but not their data).

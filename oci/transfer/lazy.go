@@ -3,6 +3,9 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +38,8 @@ import (
 //     (criu.CheckLazyRestore); the sender dials before it pauses anything, so a refusal costs
 //     nothing;
 //  2. once the checkpoint of that name is in the receiver's root (its own transfer), marked
-//     PostCopy by its verified manifest, the receiver has its lazy guard (lazyguard.go, which
+//     PostCopy by its verified manifest, which records the header's StreamID as LazyStream
+//     (a stream of another ID is refused: any peer may name any checkpoint), the receiver has its lazy guard (lazyguard.go, which
 //     outlives the receiver and kills the restored task before the daemon may lose its input)
 //     start the daemon in checkpoint.LazyPagesDir and answers a second verdict line: ready (the
 //     restore may begin);
@@ -56,6 +60,7 @@ var ErrLazyRefused = errors.New("lazy mode refused by the destination")
 type LazyRelay struct {
 	conn  net.Conn
 	name  string
+	id    string
 	addr  string
 	ready chan struct{} // closed once Start returned
 	done  chan struct{}
@@ -74,7 +79,11 @@ func StartLazyRelay(ctx context.Context, conn net.Conn, name string) (*LazyRelay
 	if _, err := Handshake(conn); err != nil {
 		return nil, fmt.Errorf("lazy page relay for %s: %w", name, err)
 	}
-	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, Lazy: true})
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, err
+	}
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, Lazy: true, StreamID: hex.EncodeToString(id[:])})
 	if err != nil {
 		return nil, err
 	}
@@ -99,11 +108,15 @@ func StartLazyRelay(ctx context.Context, conn net.Conn, name string) (*LazyRelay
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	return &LazyRelay{conn: conn, name: name, addr: addr, ready: make(chan struct{}), done: make(chan struct{})}, nil
+	return &LazyRelay{conn: conn, name: name, id: hex.EncodeToString(id[:]), addr: addr, ready: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Addr is where CRIU's lazy page server is to listen (ADDR:PORT on 127.0.0.1).
 func (p *LazyRelay) Addr() string { return p.addr }
+
+// ID is the stream's ID (32 hex digits, random), which the checkpoint's signed manifest must
+// record (checkpoint.Manifest.LazyStream) for the receiver to serve the checkpoint to this stream.
+func (p *LazyRelay) ID() string { return p.id }
 
 // Start connects to CRIU's lazy page server at Addr (it listens once the shim's Checkpoint
 // returned) and, once the receiver has the checkpoint and its lazy-pages daemon runs, starts
@@ -206,9 +219,9 @@ func (nopHash) BlockSize() int              { return 1 }
 // lazyPoll is how often the receiver looks for the checkpoint a lazy page stream waits for.
 const lazyPoll = 10 * time.Millisecond
 
-// receiveLazyPages is the receiver's side of a lazy page stream for checkpoint name (the
-// protocol above). It returns pagesDone: the verdicts were written on conn.
-func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string) error {
+// receiveLazyPages is the receiver's side of a lazy page stream for checkpoint name, of ID
+// streamID (the protocol above). It returns pagesDone: the verdicts were written on conn.
+func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn net.Conn, name, streamID, root string) error {
 	_ = conn.SetWriteDeadline(time.Time{})
 	say := func(err error) error {
 		v := verdict{OK: err == nil}
@@ -237,7 +250,7 @@ func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn 
 	if err := say(nil); err != nil {
 		return pagesDone{fmt.Errorf("lazy pages of %s: %w", name, err)}
 	}
-	err := r.serveLazy(ctx, br, conn, name, root, say)
+	err := r.serveLazy(ctx, br, conn, name, streamID, root, say)
 	if err != nil {
 		err = fmt.Errorf("lazy pages of %s: %w", name, err)
 	}
@@ -245,13 +258,14 @@ func (r *Receiver) receiveLazyPages(ctx context.Context, br *bufio.Reader, conn 
 	return pagesDone{err}
 }
 
-// serveLazy waits for checkpoint name in root, runs the lazy-pages daemon for it under
+// serveLazy waits for checkpoint name in root, checks that its verified manifest binds the
+// stream streamID (Manifest.LazyStream), runs the lazy-pages daemon for it under
 // r.LazyGuard, says ready and relays until the guard exits (with the daemon's verdict). Once it
 // started serving (a PostCopy checkpoint whose daemon directory it created), it removes the
 // daemon's directory and the checkpoint, however the stream ends; a checkpoint of another mode,
 // or one another stream serves, is refused and left as it is. It never kills the daemon itself:
 // it ends the guard's control pipe, and the guard kills the restored task first.
-func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string, say func(error) error) (retErr error) {
+func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Conn, name, streamID, root string, say func(error) error) (retErr error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return err
@@ -285,6 +299,14 @@ func (r *Receiver) serveLazy(ctx context.Context, br *bufio.Reader, conn net.Con
 	}
 	if !m.PostCopy {
 		return fmt.Errorf("%w: checkpoint %s was not taken in lazy mode", ErrPageStream, name)
+	}
+	// the manifest is the signed one (the checkpoint is in the root only once verified); the
+	// expected ID is never told: it is what a peer that is not the source lacks
+	if m.LazyStream == "" {
+		return fmt.Errorf("%w: checkpoint %s: its signed manifest binds no lazy page stream (lazyStream)", ErrPageStream, name)
+	}
+	if subtle.ConstantTimeCompare([]byte(m.LazyStream), []byte(streamID)) != 1 {
+		return fmt.Errorf("%w: checkpoint %s: its signed manifest binds another lazy page stream than this one (stream ID %q)", ErrPageStream, name, streamID)
 	}
 	dir := checkpoint.LazyPagesDir(final)
 	if err := os.Mkdir(dir, 0o700); err != nil {

@@ -37,8 +37,9 @@ func lazyCRIU(t *testing.T) string {
 
 // TestLazyStreamLeavesOthersCheckpoints: a lazy page stream names its checkpoint, and the
 // receiver removes that checkpoint when the stream ends. A peer that names a checkpoint that was
-// not taken in lazy mode, or one whose lazy-pages daemon another stream already runs, is refused
-// and the checkpoint stays: a stream removes only the post-copy checkpoint it served.
+// not taken in lazy mode, one whose lazy-pages daemon another stream already runs, or one whose
+// signed manifest binds another stream ID (or none) is refused and the checkpoint stays, with no
+// daemon started: a stream serves and removes only the post-copy checkpoint bound to it.
 func TestLazyStreamLeavesOthersCheckpoints(t *testing.T) {
 	criuPath := lazyCRIU(t)
 	root := t.TempDir()
@@ -50,6 +51,7 @@ func TestLazyStreamLeavesOthersCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.PostCopy = true
+	m.LazyStream = strings.Repeat("a", 32)
 	if err := checkpoint.WriteManifest(lazy, m); err != nil {
 		t.Fatal(err)
 	}
@@ -57,18 +59,37 @@ func TestLazyStreamLeavesOthersCheckpoints(t *testing.T) {
 	if err := os.Mkdir(checkpoint.LazyPagesDir(lazy), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	addr, out := startReceiver(t, &Receiver{Root: root, CRIU: criuPath})
+	// a lazy checkpoint whose signed manifest binds the source's stream, and one (of an older
+	// berth) that binds none: a stream of any other ID is refused before any daemon runs
+	bound := filepath.Join(root, "bound")
+	makeCheckpoint(t, bound, 64<<10)
+	unbound := filepath.Join(root, "unbound")
+	makeCheckpoint(t, unbound, 64<<10)
+	for dir, id := range map[string]string{bound: strings.Repeat("b", 32), unbound: ""} {
+		m, err := checkpoint.ReadManifest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.PostCopy, m.LazyStream = true, id
+		if err := checkpoint.WriteManifest(dir, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr, out := startReceiver(t, &Receiver{Root: root, CRIU: criuPath, LazyGuard: []string{"/bin/false"}})
 
-	for _, tc := range []struct{ name, want string }{
-		{"stored", "not taken in lazy mode"},
-		{"served", "another lazy stream serves"},
+	for _, tc := range []struct{ name, id, want string }{
+		{"stored", m.LazyStream, "not taken in lazy mode"},
+		{"served", m.LazyStream, "another lazy stream serves"},
+		{"bound", strings.Repeat("c", 32), "binds another lazy page stream than this one"},
+		{"bound", "", "binds another lazy page stream than this one"},
+		{"unbound", strings.Repeat("c", 32), "binds no lazy page stream"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name+"/"+tc.id, func(t *testing.T) {
 			conn := dial(t, addr)
 			if _, err := Handshake(conn); err != nil {
 				t.Fatal(err)
 			}
-			line, _ := json.Marshal(header{Magic: Magic, Name: tc.name, Pages: true, Lazy: true})
+			line, _ := json.Marshal(header{Magic: Magic, Name: tc.name, Pages: true, Lazy: true, StreamID: tc.id})
 			if _, err := conn.Write(append(line, '\n')); err != nil {
 				t.Fatal(err)
 			}
@@ -87,6 +108,11 @@ func TestLazyStreamLeavesOthersCheckpoints(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(root, tc.name, checkpoint.ManifestFile)); err != nil {
 				t.Errorf("checkpoint %s removed by a stream that did not serve it: %v", tc.name, err)
+			}
+			if tc.name != "served" {
+				if _, err := os.Stat(checkpoint.LazyPagesDir(filepath.Join(root, tc.name))); err == nil {
+					t.Errorf("a daemon directory for %s, made for a stream it does not bind", tc.name)
+				}
 			}
 		})
 	}

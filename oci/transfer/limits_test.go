@@ -506,7 +506,8 @@ func TestUnauthenticatedFlood(t *testing.T) {
 	ca := newTestCA(t, "cluster-ca")
 	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
 	root := t.TempDir()
-	r := &Receiver{Root: root, NoSync: true, MaxConns: 2, MaxHandshakes: 16, HandshakeTimeout: 5 * time.Second}
+	// one source may hold every handshake place here: the global bound is what is tested
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 2, MaxHandshakes: 16, MaxHandshakesPerSource: 16, HandshakeTimeout: 5 * time.Second}
 	addr, out := serve(t, r, serverTLS(t, recvFiles))
 	var flood []net.Conn
 	t.Cleanup(func() {
@@ -545,6 +546,52 @@ func TestUnauthenticatedFlood(t *testing.T) {
 	for !closedUnanswered {
 		d := next(t, out)
 		closedUnanswered = errors.Is(d.err, ErrBusy) && strings.Contains(d.err.Error(), "in their TLS handshake")
+	}
+	assertRootClean(t, root, "real")
+}
+
+// TestHandshakeFloodOneSource: one source that opens more connections than MaxHandshakes and
+// never starts their TLS handshake holds only MaxHandshakesPerSource of them (the others are
+// closed unanswered at once, naming the source); a sender from another address still gets
+// through, without a busy answer, while the flood's connections are held open.
+func TestHandshakeFloodOneSource(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 64<<10)
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
+	root := t.TempDir()
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 2, MaxHandshakes: 16, HandshakeTimeout: 10 * time.Second}
+	addr, out := serve(t, r, serverTLS(t, recvFiles))
+	// the flood comes from 127.0.0.2 (every 127/8 address is the loopback's), the sender from
+	// 127.0.0.1
+	flooder := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	var flood []net.Conn
+	t.Cleanup(func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	})
+	const n = 40 // more than MaxHandshakes
+	for range n {
+		c, err := flooder.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, c)
+	}
+	closed := 0
+	for closed < n-DefaultMaxHandshakesPerSource {
+		d := next(t, out)
+		if !errors.Is(d.err, ErrBusy) || !strings.Contains(d.err.Error(), "from 127.0.0.2 in their TLS handshake") {
+			t.Fatalf("flood connection %d: %v, want closed unanswered for its source", closed, d.err)
+		}
+		closed++
+	}
+	if _, err := sendTo(t, addr, clientTLS(t, sendFiles), src, "real"); err != nil {
+		t.Fatalf("a sender from another address beside %d handshakes from one: %v", n, err)
+	}
+	if d := next(t, out); d.err != nil {
+		t.Fatalf("sender beside the flood: %v", d.err)
 	}
 	assertRootClean(t, root, "real")
 }

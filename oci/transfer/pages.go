@@ -72,15 +72,21 @@ func (p pagesDone) Error() string {
 
 // receivePages runs CRIU's page server for the page stream of checkpoint name arriving on br
 // (conn is the connection, for the answers), into a staging directory under root, and keeps the
-// result for the checkpoint's transfer (adoptPages). It waits, at most IdleTimeout after the
+// result for the checkpoint's transfer (adoptPages). The stream's bytes count against root's
+// free space (pagespace.go; stated is the length its sender stated, 0 if none). It waits, at most IdleTimeout after the
 // stream ended, for that transfer to adopt the pages, then removes what is left.
-func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name, root string) error {
+func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name string, stated int64, root string) error {
 	if err := ValidName(name); err != nil {
 		return pagesDone{err}
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
+	space, err := r.claimPages(name, stated, root) // pagespace.go
+	if err != nil {
+		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
+	}
+	defer r.release(pagesFlightKey(name))
 	ps := &pageStream{dir: PagesStagingDir(root, name), done: make(chan struct{}), adopted: make(chan struct{})}
 	r.mu.Lock()
 	if r.pages == nil {
@@ -103,7 +109,7 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 		close(ps.done)
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
-	ps.digest, ps.size, ps.err = r.servePages(ctx, br, conn, ps.dir)
+	ps.digest, ps.size, ps.err = r.servePages(ctx, br, conn, ps.dir, space)
 	close(ps.done)
 	_ = conn.Close()
 	if ps.err != nil {
@@ -128,9 +134,9 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 
 // servePages runs `criu page-server --ps-socket` into dir on one end of a loopback TCP
 // connection the receiver makes itself, copies the stream from br into it (digesting it) and the
-// page server's answers back to conn. It returns the stream's digest and length once the source
+// page server's answers back to conn, within space (pagespace.go). It returns the stream's digest and length once the source
 // ended the stream and the page server exited; its log's last errors if it failed.
-func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string) (string, int64, error) {
+func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string, space *pageSpace) (string, int64, error) {
 	// Handle bounded the greeting's write by the handshake deadline: the page server's answers
 	// come back over this connection for as long as the stream lasts
 	_ = conn.SetWriteDeadline(time.Time{})
@@ -163,7 +169,7 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 		_, err := io.Copy(conn, ours)
 		back <- err
 	}()
-	n, cerr := readFrames(ours, br, h)
+	n, cerr := readFrames(space.writer(ours), br, h)
 	if cw, ok := ours.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
@@ -419,7 +425,10 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 		back <- err
 	}()
 	var h hash.Hash = sha256.New()
-	n, err := writeFrames(conn, c, h)
+	// over TLS, one write of up to 256 KiB per 16 KiB records rather than one per record
+	w, unbatch := coalescedFrames(conn)
+	n, err := writeFrames(w, c, h)
+	unbatch()
 	if cw, ok := underlying(conn).(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}

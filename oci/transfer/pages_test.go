@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,6 +107,10 @@ func TestPageStreamAdopted(t *testing.T) {
 	if err := checkpoint.Verify(final, m); !errors.Is(err, checkpoint.ErrPagesUnverified) {
 		t.Fatalf("Verify without the stamp = %v, want ErrPagesUnverified", err)
 	}
+	// sent on, its pages would reach a receiver that cannot verify them: refused before sending
+	if _, err := Send(context.Background(), dial(t, addr), final, "c1-again", nil); !errors.Is(err, ErrPageStream) || !strings.Contains(err.Error(), "pages-1.img") {
+		t.Fatalf("Send of a copy-mode checkpoint = %v, want ErrPageStream naming pages-1.img", err)
+	}
 	if err := os.WriteFile(filepath.Join(final, "checkpoint", "pages-1.img"), []byte("tampered"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -170,4 +176,61 @@ func TestPageStreamCut(t *testing.T) {
 		t.Fatal("receiver reported no error for a page stream nobody adopted")
 	}
 	assertRootClean(t, root)
+}
+
+// TestPageStreamTLSAnswersMidStream: over mutual TLS the relay gathers the TLS records of each
+// frame into larger writes, but flushes every frame: CRIU's page client waits for the page
+// server's answers mid-stream (PS_IOV_OPEN2, flushes), so a frame left in the relay's buffer
+// would hang the dump. The stand-in page server answers after the first 5 bytes, and only then
+// does the client send the rest.
+func TestPageStreamTLSAnswersMidStream(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	p := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\n" +
+		"head -c 5 <&3 >\"$3/pages-1.img\" && printf ack >&3 && cat <&3 >>\"$3/pages-1.img\" && printf ok >&3\n"
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ca := newTestCA(t, "cluster-ca")
+	addr, _ := serve(t, &Receiver{Root: t.TempDir(), NoSync: true, CRIU: p}, serverTLS(t, ca.node(t, "node-a")))
+	conn, err := Dial(context.Background(), addr, clientTLS(t, ca.node(t, "node-b")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := StartPageRelay(context.Background(), conn, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	c, err := net.Dial("tcp", relay.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	ack := make([]byte, 3)
+	if _, err := io.ReadFull(c, ack); err != nil || string(ack) != "ack" {
+		t.Fatalf("the page server's answer to the first 5 bytes: %q, %v (a frame stuck in the relay's TLS buffer?)", ack, err)
+	}
+	rest := bytes.Repeat([]byte("page"), 200000)
+	if _, err := c.Write(rest); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	if b, _ := io.ReadAll(c); string(b) != "ok" {
+		t.Fatalf("the page server's last answer: %q", b)
+	}
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(append([]byte("hello"), rest...))
+	if want := checkpoint.DigestAlgorithm + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(5+len(rest)) {
+		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, 5+len(rest))
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,9 @@ const (
 	DefaultMaxConns = 4
 	// DefaultMaxHandshakes is Receiver.MaxHandshakes when zero.
 	DefaultMaxHandshakes = 64
+	// DefaultMaxHandshakesPerSource is Receiver.MaxHandshakesPerSource when zero: a sender opens
+	// at most three connections at once (preflight, checkpoint, page stream).
+	DefaultMaxHandshakesPerSource = 8
 	// DefaultReserveBytes is Receiver.ReserveBytes when zero, in bytes.
 	DefaultReserveBytes = 1 << 30
 
@@ -103,6 +107,12 @@ type Receiver struct {
 	// TLS handshake succeeded, so peers without a certificate of the cluster's CA cannot hold
 	// the slots that senders need.
 	MaxHandshakes int
+	// MaxHandshakesPerSource is how many of those MaxHandshakes one source may hold at once
+	// (an IPv4 address, or an IPv6 /64: what one host has); a connection beyond them is closed
+	// unanswered, so that one peer that opens connections and never finishes their handshake
+	// cannot take every handshake place and keep the other senders out. 0 means
+	// DefaultMaxHandshakesPerSource; it is capped at MaxHandshakes.
+	MaxHandshakesPerSource int
 	// AllowedPeers, if not empty, limits senders to TLS peers whose verified certificate names
 	// one of these, exactly: a DNS, IP or URI subject alternative name, or the subject's common
 	// name. Others are refused after the TLS handshake (ErrPeerNotAllowed; the sender gets
@@ -174,8 +184,8 @@ var (
 // Serve accepts connections on ln and handles each (Handle) in its own goroutine, at most
 // MaxConns at a time, until ctx is done; then it closes ln, waits for the running transfers
 // (which ctx also aborts) and returns nil. Each connection first completes its TLS handshake
-// (within HandshakeTimeout; at most MaxHandshakes at once, beyond which new connections are
-// closed unanswered) and only then takes a slot, so peers that cannot authenticate never hold
+// (within HandshakeTimeout; at most MaxHandshakes at once and MaxHandshakesPerSource from one
+// source, beyond which new connections are closed unanswered) and only then takes a slot, so peers that cannot authenticate never hold
 // one. An authenticated connection beyond MaxConns is answered "busy" at once and closed, so a
 // sender never waits in the backlog; beyond MaxConns more of those, it is closed unanswered. Each connection is
 // closed after Handle returns, and its outcome reported to OnDone. ln comes from Listen (TLS
@@ -197,6 +207,12 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	if maxHandshakes <= 0 {
 		maxHandshakes = DefaultMaxHandshakes
 	}
+	perSource := r.MaxHandshakesPerSource
+	if perSource <= 0 {
+		perSource = DefaultMaxHandshakesPerSource
+	}
+	perSource = min(perSource, maxHandshakes)
+	fromSource := &sourceCounts{n: map[string]int{}} // connections in their TLS handshake, by source
 	slots := make(chan struct{}, maxConns)
 	busy := make(chan struct{}, maxConns)            // connections being answered busy
 	handshakes := make(chan struct{}, maxHandshakes) // connections in their TLS handshake
@@ -214,9 +230,15 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("transfer: accept: %w", err)
 		}
+		src := sourceOf(conn.RemoteAddr())
+		if !fromSource.take(src, perSource) {
+			r.done(conn, "", fmt.Errorf("%w: %d connections from %s in their TLS handshake: closed unanswered", ErrBusy, perSource, src), func() {})
+			continue
+		}
 		select {
 		case handshakes <- struct{}{}:
 		default:
+			fromSource.release(src)
 			r.done(conn, "", fmt.Errorf("%w: %d connections in their TLS handshake: closed unanswered", ErrBusy, maxHandshakes), func() {})
 			continue
 		}
@@ -225,6 +247,7 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			// take one (a plain connection, on loopback, has nothing to complete)
 			err := r.handshakeTLS(conn, time.Now().Add(r.handshakeTimeout()))
 			<-handshakes
+			fromSource.release(src)
 			if err != nil {
 				r.done(conn, "", err, func() {})
 				return
@@ -245,6 +268,48 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			}
 		})
 	}
+}
+
+// sourceCounts counts connections by source (sourceOf).
+type sourceCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take counts one more connection from src and reports true, unless src has max already.
+func (c *sourceCounts) take(src string, max int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[src] >= max {
+		return false
+	}
+	c.n[src]++
+	return true
+}
+
+// release counts one connection from src less.
+func (c *sourceCounts) release(src string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[src]--; c.n[src] <= 0 {
+		delete(c.n, src)
+	}
+}
+
+// sourceOf names the host a connection comes from, for MaxHandshakesPerSource: its IPv4
+// address, the /64 prefix of an IPv6 address (one host's usual share), else the address as a
+// string (a Unix socket, a pipe in tests).
+func sourceOf(a net.Addr) string {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
 }
 
 // done closes conn, frees its slot (release) and then reports its outcome to OnDone.
@@ -434,11 +499,11 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		// pages flow for as long as the restored task needs them, within the transfer's deadline;
 		// the idle timeout still ends a dead link
 		ir.hard = deadline
-		return "", false, r.receiveLazyPages(ctx, br, ir.conn, name, r.Root)
+		return "", false, r.receiveLazyPages(ctx, br, ir.conn, name, hdr.StreamID, r.Root)
 	}
 	if hdr.Pages {
 		ir.hard = deadline
-		return "", false, r.receivePages(ctx, br, ir.conn, name, r.Root)
+		return "", false, r.receivePages(ctx, br, ir.conn, name, hdr.PageBytes, r.Root)
 	}
 	if len(hdr.Preflight) > 0 {
 		if r.Preflight == nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/berth-dev/berth/oci/archive"
@@ -61,6 +62,8 @@ type Result struct {
 // Errors: ErrInvalidName for a bad name (nothing is sent); checkpoint.ReadManifest's and archive.New's
 // errors for a bad dir (nothing is sent); ErrRejected, wrapped with the receiver's error text,
 // when the receiver refuses the checkpoint (also when it refuses before the stream is out);
+// ErrPageStream for a checkpoint received in copy mode, whose page images its signature does
+// not cover (nothing is sent);
 // ErrProtocol for a missing or wrong greeting (nothing is sent) and for a malformed verdict; ctx.Err() (wrapped) when ctx ended the transfer; conn's
 // I/O error otherwise (for example when the receiver vanished). All wrapped with the name.
 func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(sent, total int64)) (Result, error) {
@@ -71,14 +74,43 @@ func Send(ctx context.Context, conn net.Conn, dir, name string, progress func(se
 	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
-	if _, err := checkpoint.ParseManifest(raw); err != nil {
+	m, err := checkpoint.ParseManifest(raw)
+	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %s: %w", name, dir, err)
+	}
+	if err := pagesFromStream(dir, m); err != nil {
+		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
 	ar, err := archive.New(dir)
 	if err != nil {
 		return Result{}, fmt.Errorf("send %s: %w", name, err)
 	}
 	return sendStream(ctx, conn, header{Magic: Magic, Name: name, TotalBytes: ar.Size(), Manifest: raw}, ar, progress)
+}
+
+// pagesFromStream returns an error when dir, whose manifest is m, is a checkpoint received in
+// copy mode: it holds page images that m does not list, which came in a page stream
+// (m.PageStream) and are covered by the receiving node's stamp, not by the signature, so no
+// other receiver could verify them.
+func pagesFromStream(dir string, m *checkpoint.Manifest) error {
+	if m.PageStream == nil {
+		return nil
+	}
+	ents, err := os.ReadDir(filepath.Join(dir, checkpoint.ImagesDir))
+	if err != nil {
+		return nil // the archive names what is wrong with dir
+	}
+	listed := map[string]bool{}
+	for _, f := range m.Files {
+		listed[f.Path] = true
+	}
+	for _, e := range ents {
+		if p := checkpoint.ImagesDir + "/" + e.Name(); checkpoint.IsPageImage(p) && !listed[p] {
+			return fmt.Errorf("%w: %s was received in copy mode: its memory pages (%s) came in a page stream that only the receiving node verified, so another receiver could not verify them; checkpoint the container again (berthctl checkpoint, or migrate it) to send it",
+				ErrPageStream, dir, e.Name())
+		}
+	}
+	return nil
 }
 
 // sendStream sends hdr, then the hdr.TotalBytes bytes src writes, and waits for the verdict:

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -438,4 +439,42 @@ func coalesceWrites(conn net.Conn) (done func() error) {
 		c.on = false
 		return c.flushLocked()
 	}
+}
+
+// coalescedFrames returns a writer to conn that gathers the TLS records of each Write into
+// writes of up to coalesceBytes, flushing what it gathered before the Write returns (each Write
+// is a whole page-stream frame, which the peer may have to answer before more comes), and the
+// function that turns the gathering off again. Without TLS (or a conn not from Dial) it returns
+// conn itself and a function that does nothing.
+func coalescedFrames(conn net.Conn) (io.Writer, func()) {
+	inner := conn
+	if g, ok := inner.(Greeted); ok {
+		inner = g.Conn
+	}
+	tc, ok := inner.(*tls.Conn)
+	if !ok {
+		return conn, func() {}
+	}
+	c, ok := tc.NetConn().(*coalescer)
+	if !ok {
+		return conn, func() {}
+	}
+	done := coalesceWrites(conn)
+	return frameWriter{conn, c}, func() { _ = done() }
+}
+
+// frameWriter writes each Write to conn through c, gathering, then flushes c.
+type frameWriter struct {
+	conn net.Conn
+	c    *coalescer
+}
+
+func (w frameWriter) Write(p []byte) (int, error) {
+	n, err := w.conn.Write(p)
+	w.c.mu.Lock()
+	if ferr := w.c.flushLocked(); err == nil {
+		err = ferr
+	}
+	w.c.mu.Unlock()
+	return n, err
 }

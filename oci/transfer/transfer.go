@@ -98,6 +98,11 @@ type header struct {
 	// Pages marks a connection that carries the page stream of checkpoint Name (copy mode,
 	// pages.go) instead of the checkpoint.
 	Pages bool `json:"pages,omitempty"`
+	// PageBytes, with Pages (copy mode), is the page stream's length as its sender states it,
+	// in bytes; 0: not stated. The receiver refuses a stated length that does not fit its free
+	// space before the page server starts, and ends a stream that goes past it; it counts every
+	// stream's bytes as they arrive either way (pagespace.go).
+	PageBytes int64 `json:"pageBytes,omitempty"`
 	// Layout is "" for a berth checkpoint directory packed by oci/archive (Manifest is its
 	// top-level berth.json), or LayoutCRI for a CRI checkpoint archive sent as it is (Manifest
 	// is its checkpoint/berth.json).
@@ -105,6 +110,9 @@ type header struct {
 	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
 	// restore.
 	Lazy bool `json:"lazy,omitempty"`
+	// StreamID, with Lazy, is the lazy page stream's ID (LazyRelay.ID): the receiver serves a
+	// checkpoint only when its signed manifest records the same (checkpoint.Manifest.LazyStream).
+	StreamID string `json:"streamId,omitempty"`
 	// Preflight marks a connection that asks the receiver's node whether it can restore a
 	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.
 	Preflight json.RawMessage `json:"preflight,omitempty"`

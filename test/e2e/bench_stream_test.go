@@ -74,6 +74,7 @@ func BenchmarkStream(b *testing.B) {
 				b.ReportMetric(ratio(r.copy, r.stored), "copy-downtime/stored")
 				b.ReportMetric(r.copyReported, "copy-migrate-downtime-ms")
 				b.ReportMetric(r.copyAfter, "copy-teardown-ms")
+				b.ReportMetric(r.copyCPU/(float64(r.mib)/1024), "copy-berthctl-cpu-s/GiB")
 			})
 			rows = append(rows, r)
 		})
@@ -117,6 +118,7 @@ type streamRow struct {
 	raw, ps, postcopy, stored, copy, lazy time.Duration
 	postcopyAll                           float64 // C: ms from the dump's start until every page arrived
 	copyReported, copyAfter               float64 // migrate's own downtimeMs and afterMs, copy mode
+	copyCPU                               float64 // berthctl migrate's CPU time (user+system, its page server's included), s, copy mode
 	storedReported, storedAfter           float64
 	lazyPages                             float64 // migrate's pagesMs, lazy mode
 }
@@ -154,7 +156,7 @@ func benchStreamSize(b *testing.B, c *node.Cluster, infer string, mib int) strea
 	b.Run("copy", func(b *testing.B) {
 		var f migrateFigures
 		r.copy, f = benchStreamBerth(ctx, b, c, mib, work, "copy")
-		r.copyReported, r.copyAfter = f.DowntimeMs, f.AfterMs
+		r.copyReported, r.copyAfter, r.copyCPU = f.DowntimeMs, f.AfterMs, f.CPUs
 		report(b, r.copy)
 	})
 	b.Run("lazy", func(b *testing.B) {
@@ -530,6 +532,9 @@ func tail(b []byte, n int) string {
 // the destination served, and (lazy mode) the time until every page arrived.
 type migrateFigures struct {
 	DowntimeMs, AfterMs, PagesMs float64
+	// CPUs is berthctl's CPU time, user and system, in seconds: its relay and in-process
+	// receiver, and the `criu page-server` that receiver ran (reaped by it).
+	CPUs float64
 }
 
 // benchStreamBerth moves the workload with berthctl migrate --mode mode and returns the
@@ -582,5 +587,7 @@ func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib in
 	_ = dst.Remove(ctx, destID)
 	_ = src.Remove(ctx, id)
 	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
-	return d, migrateFigures{DowntimeMs: res.DowntimeMs, AfterMs: res.AfterMs, PagesMs: res.PagesMs}
+	cpu := (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	b.Logf("%s %d MiB: berthctl migrate CPU %.2f s (user %.2f, system %.2f)", mode, mib, cpu, cmd.ProcessState.UserTime().Seconds(), cmd.ProcessState.SystemTime().Seconds())
+	return d, migrateFigures{DowntimeMs: res.DowntimeMs, AfterMs: res.AfterMs, PagesMs: res.PagesMs, CPUs: cpu}
 }

@@ -531,8 +531,10 @@ func TestCtlSignedCheckpoint(t *testing.T) {
 	})
 }
 
-// TestCtlMigrateTLS: a legitimate move over mutual TLS to a `berthctl receive` with its trust
-// policy keeps working with signing on; plain TCP against a TLS receiver and the reverse are
+// TestCtlMigrateTLS: a legitimate move (copy mode, the default: the page stream on a mutual-TLS
+// connection of its own) over mutual TLS to a `berthctl receive` with its trust policy keeps
+// working with signing on; sending the checkpoint it left on is refused (its pages are verified
+// by that receiver only); plain TCP against a TLS receiver and the reverse are
 // refused naming why, a receiver off loopback without TLS does not start, and slow or silent
 // peers do not keep a real sender out.
 func TestCtlMigrateTLS(t *testing.T) {
@@ -602,7 +604,13 @@ func TestCtlMigrateTLS(t *testing.T) {
 		}
 	}
 
-	dir := filepath.Join(dst.CheckpointRoot, "ctl-tls-1")
+	// the move was copy mode (the default): its memory pages came in a page stream that only the
+	// receiver verified, so sending that checkpoint on is refused before anything is sent, saying why
+	ctRefused(t, ctx, c, []string{"received in copy mode", "checkpoint the container again"},
+		append(append([]string{"send", "--name", "resent"}, tlsArgs(src)...), filepath.Join(dst.CheckpointRoot, "ctl-tls-1"), r.addr)...)
+	// a checkpoint of the moved task, written whole on its node, for the sends below
+	dir := filepath.Join(t.TempDir(), "ctl-tls-2")
+	ctMust(t, ctx, c, "-a", dst.Socket, "-n", node.Namespace, "checkpoint", "create", rid, dir)
 	// plain TCP against the TLS receiver, and TLS against a plain one
 	ctRefused(t, ctx, c, []string{"connection refused by receiver", "requires mutual TLS"}, "send", "--name", "plain", dir, r.addr)
 	plainRoot := t.TempDir()

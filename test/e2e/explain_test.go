@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,46 +28,68 @@ import (
 )
 
 // TestXplKilledMigrateSourceResumes SIGKILLs berthctl migrate while its source is paused (the
-// receiver stalls) and its checkpoint, the source's memory, lies in the work directory: the shim
-// resumes the source by itself once the pause lease ends and removes that checkpoint with the
-// lease, and a rerun meanwhile says how to see and resume the paused task.
+// receiver stalls), in stored mode once its checkpoint, the source's memory, lies in the work
+// directory, and in copy mode while CRIU streams the memory to the stalled receiver: the source
+// runs again (the shim resumes it by itself once the pause lease ends; stored: it removes that
+// checkpoint with the lease; copy: the dump failed with the page stream) and nothing of the
+// checkpoint is left in the work directory; a rerun meanwhile says how to see
+// and resume the paused task (stored mode).
 func TestXplKilledMigrateSourceResumes(t *testing.T) {
 	c := needCluster(t)
+	for _, mode := range []string{"stored", "copy"} {
+		t.Run(mode, func(t *testing.T) { xplKilledMigrate(t, c, mode) })
+	}
+}
+
+func xplKilledMigrate(t *testing.T, c *node.Cluster, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	src, dst := c.Nodes[0], c.Nodes[1]
-	w := fltStart(t, ctx, src, "xpl-k-src")
+	w := fltStart(t, ctx, src, "xpl-k-src-"+mode)
 	const lease = 6 * time.Second
 	work := t.TempDir()
-	args := []string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+	args := []string{"migrate", "--mode", mode, "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
 		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", work, "--name", "xpl-k",
 		"--receiver", fltFakeReceiver(t, 0, true), "--pause-lease", lease.String(), w.id}
+	ev := fltWatch(t, ctx, src, w.id)
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	fltNoErr(t, cmd.Start())
-	fltWaitStatus(t, ctx, src, w.id, containerd.Paused)
-	// killed once the source's checkpoint (its memory) is in the work directory
-	pages := filepath.Join(work, "xpl-k", fltPages)
-	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(work, "xpl-k", checkpoint.ManifestFile)); err == nil {
-			break
+	// the pause's event: in copy mode the shim answers no status while CRIU's dump waits on
+	// the stalled page stream (fltEvents.waitFor)
+	ev.waitFor(t, "/tasks/paused", 30*time.Second)
+	if mode == "stored" {
+		// killed once the source's checkpoint (its memory) is in the work directory
+		pages := filepath.Join(work, "xpl-k", fltPages)
+		for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(work, "xpl-k", checkpoint.ManifestFile)); err == nil {
+				break
+			}
+			if time.Since(start) > time.Minute {
+				t.Fatalf("no checkpoint in %s a minute after the pause:\n%s", work, out.String())
+			}
 		}
-		if time.Since(start) > time.Minute {
-			t.Fatalf("no checkpoint in %s a minute after the pause:\n%s", work, out.String())
+		if fltFileSize(t, pages) < fltWeightsMiB<<20 {
+			t.Fatalf("%s holds less than the workload's weights", pages)
 		}
-	}
-	if fltFileSize(t, pages) < fltWeightsMiB<<20 {
-		t.Fatalf("%s holds less than the workload's weights", pages)
+	} else {
+		// CRIU streams the memory into the stalled receiver: killed while the dump waits on it
+		time.Sleep(2 * time.Second)
+		if slices.Contains(ev.seen(), "/tasks/resumed") {
+			t.Fatalf("source resumed before migrate was killed:\n%s", out.String())
+		}
 	}
 	fltNoErr(t, cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = cmd.Wait()
 
-	// a rerun while it is paused: refused before anything, saying how to resume it
-	rerun, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", t.TempDir(), w.id)
-	fltRequireErr(t, "migrate of a paused source", rerun, err, "task is paused", "tasks resume "+w.id, "pause lease")
+	if mode == "stored" {
+		// a rerun while it is paused: refused before anything, saying how to resume it
+		rerun, err := fltBerthctl(ctx, c, "migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+			"--root", dst.CheckpointRoot, "--id", "xpl-k-moved", "--work-dir", t.TempDir(), w.id)
+		fltRequireErr(t, "migrate of a paused source", rerun, err, "task is paused", "tasks resume "+w.id, "pause lease")
+	}
 
 	deadline := killed.Add(lease + 15*time.Second)
 	for {
@@ -81,15 +104,22 @@ func TestXplKilledMigrateSourceResumes(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	w.requireServing(t, ctx)
-	// the checkpoint the killed migrate left, the source's memory, went with the lease
+	// the checkpoint the killed migrate left, the source's memory in stored mode, is gone
 	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
 		if _, err := os.Stat(filepath.Join(work, "xpl-k")); os.IsNotExist(err) {
 			break
 		}
 		if time.Since(start) > 5*time.Second {
-			t.Errorf("the killed migrate's checkpoint %s (the source's memory) is still there %v after the source resumed: %v",
+			t.Errorf("the killed migrate's checkpoint %s is still there %v after the source resumed: %v",
 				filepath.Join(work, "xpl-k"), time.Since(start).Round(time.Millisecond), fltList(t, filepath.Join(work, "xpl-k")))
 			break
+		}
+	}
+	if left := fltList(t, dst.CheckpointRoot); len(left) > 0 {
+		for _, l := range left {
+			if strings.Contains(l, "xpl-k") {
+				t.Errorf("destination checkpoint root holds %s after the killed migrate", l)
+			}
 		}
 	}
 }

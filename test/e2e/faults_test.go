@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -509,7 +510,8 @@ type fltMigrateSetup struct {
 	// args are appended to berthctl migrate's defaults (a later flag overrides an earlier one).
 	args []string
 	// during, if set, runs while berthctl migrate runs (started), e.g. to interrupt it.
-	during func(t *testing.T, cmd *exec.Cmd)
+	// ev are the source task's events since before migrate started.
+	during func(t *testing.T, cmd *exec.Cmd, ev *fltEvents)
 	// after, if set, runs once migrate failed, before the destination is checked.
 	after func(t *testing.T)
 	// root is the destination checkpoint root to check (default the destination node's).
@@ -528,35 +530,51 @@ type fltMigrateSetup struct {
 // destination fails: a receiver that reads a little and closes, a real receiver behind a
 // connection cut mid-stream, a `berthctl receive` killed mid-stream (and restarted), no
 // receiver at all, a receiver that stalls (the operator interrupts migrate), and a destination
-// containerd socket that does not exist. Each migrate must fail naming the cause; the source
-// must be running again (resumed, not left paused) with its memory intact and still answering;
-// the destination must hold no container and no partial checkpoint.
+// containerd socket that does not exist. The faults met during the transfer run in stored mode
+// and in copy mode, where the memory travels on a connection of its own during the dump (a
+// receiver that closes it early, a cut, a killed receiver, a stall). Each migrate must fail
+// naming the cause; the source must be running again (resumed, not left paused) with its memory
+// intact and still answering; the destination must hold no container and no partial checkpoint.
 func TestFltMigrateFaults(t *testing.T) {
 	c := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	src, dst := c.Nodes[0], c.Nodes[1]
 	w := fltStart(t, ctx, src, "flt-m-src")
 
 	cases := []struct {
 		name  string
-		setup func(t *testing.T, name string) fltMigrateSetup
-		// want are substrings of migrate's output (its error).
-		want func(s fltMigrateSetup) []string
+		setup func(t *testing.T, name, mode string) fltMigrateSetup
+		// want are substrings of migrate's output (its error), per mode.
+		want func(s fltMigrateSetup, name, mode string) []string
+		// modes are the --mode values it runs with (default: the default mode, copy): the
+		// faults met during the transfer run in both, since copy mode sends the memory on a
+		// connection of its own, during the dump
+		modes []string
 	}{
 		{
 			name: "receiver-closes-early",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
-				addr := fltFakeReceiver(t, 64<<10, false)
-				return fltMigrateSetup{args: []string{"--receiver", addr}}
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
+				n := int64(64 << 10) // stored mode: a part of the checkpoint's archive
+				if mode == "copy" {
+					// the page stream's header only: CRIU's page client waits for the page
+					// server's first answer before it sends pages, and a peer that answers
+					// nothing is a stall (receiver-stalls-interrupted)
+					n = 0
+				}
+				return fltMigrateSetup{args: []string{"--receiver", fltFakeReceiver(t, n, false)}}
 			},
-			want: func(s fltMigrateSetup) []string {
-				return []string{"send checkpoint to the destination", "send flt-m-receiver-closes-early", s.args[1]}
+			want: func(s fltMigrateSetup, name, mode string) []string {
+				if mode == "copy" { // the page stream's connection, closed after 64 KiB: the dump fails
+					return []string{"checkpoint flt-m-src", "the page stream to the destination", "page stream: cut after"}
+				}
+				return []string{"send checkpoint to the destination", "send " + name, s.args[1]}
 			},
+			modes: []string{"stored", "copy"},
 		},
 		{
 			name: "cut-mid-stream",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				done := make(chan error, 1)
 				rcvAddr := fltInProcessReceiver(t, ctx, dst.CheckpointRoot, done)
 				addr := fltCutProxy(t, rcvAddr, 4<<20, nil)
@@ -574,13 +592,17 @@ func TestFltMigrateFaults(t *testing.T) {
 					}
 				}}
 			},
-			want: func(s fltMigrateSetup) []string {
-				return []string{"send checkpoint to the destination", "send flt-m-cut-mid-stream"}
+			want: func(s fltMigrateSetup, name, mode string) []string {
+				if mode == "copy" {
+					return []string{"checkpoint flt-m-src", "the page stream to the destination", "page stream: cut after"}
+				}
+				return []string{"send checkpoint to the destination", "send " + name}
 			},
+			modes: []string{"stored", "copy"},
 		},
 		{
 			name: "receiver-killed",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
 				addr := fltCutProxy(t, rcv.addr, 4<<20, rcv.kill)
 				return fltMigrateSetup{args: []string{"--receiver", addr}, after: func(t *testing.T) {
@@ -601,131 +623,159 @@ func TestFltMigrateFaults(t *testing.T) {
 					}
 				}}
 			},
-			want: func(s fltMigrateSetup) []string {
-				return []string{"send checkpoint to the destination", "send flt-m-receiver-killed"}
+			want: func(s fltMigrateSetup, name, mode string) []string {
+				if mode == "copy" {
+					return []string{"checkpoint flt-m-src", "the page stream to the destination", "page stream: cut after"}
+				}
+				return []string{"send checkpoint to the destination", "send " + name}
 			},
+			modes: []string{"stored", "copy"},
 		},
 		{
 			name: "not-a-berth-receiver",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				return fltMigrateSetup{args: []string{"--receiver", fltPeer(t, 0, true, false)}, untouched: true}
 			},
-			want: func(s fltMigrateSetup) []string {
+			want: func(s fltMigrateSetup, name, mode string) []string {
 				return []string{"receiver " + s.args[1], "no berth receiver greeting"}
 			},
 		},
 		{
 			name: "no-receiver",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				fltNoErr(t, err)
 				addr := ln.Addr().String()
 				ln.Close() // nobody listens there any more
 				return fltMigrateSetup{args: []string{"--receiver", addr}, untouched: true}
 			},
-			want: func(s fltMigrateSetup) []string {
+			want: func(s fltMigrateSetup, name, mode string) []string {
 				return []string{"dial receiver " + s.args[1], "connection refused"}
 			},
 		},
 		{
 			name: "receiver-stalls-interrupted",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				addr := fltFakeReceiver(t, 0, true)
 				return fltMigrateSetup{args: []string{"--receiver", addr},
-					during: func(t *testing.T, cmd *exec.Cmd) {
-						// the source is paused while migrate waits on the stalled receiver; the
-						// operator gives up and interrupts migrate, which must resume the source
-						fltWaitStatus(t, ctx, src, w.id, containerd.Paused)
+					during: func(t *testing.T, cmd *exec.Cmd, ev *fltEvents) {
+						// the source is paused while migrate waits on the stalled receiver (copy
+						// mode: inside the dump, whose page stream stalls); the operator gives up
+						// and interrupts migrate, which must resume the source
+						ev.waitFor(t, "/tasks/paused", 30*time.Second)
 						time.Sleep(3 * time.Second)
-						if _, st, err := src.TaskPID(ctx, w.id); err == nil {
-							t.Logf("source after 3s against a stalled receiver: %s", st)
-						}
 						_ = cmd.Process.Signal(os.Interrupt)
 					}}
 			},
-			want: func(s fltMigrateSetup) []string {
+			want: func(s fltMigrateSetup, name, mode string) []string {
+				if mode == "copy" { // the page stream stalls inside the dump
+					return []string{"checkpoint flt-m-src", "context canceled"}
+				}
 				return []string{"send checkpoint to the destination", "context canceled"}
 			},
+			modes: []string{"stored", "copy"},
 		},
 		{
 			name: "destination-socket-missing",
-			setup: func(t *testing.T, name string) fltMigrateSetup {
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				dir := t.TempDir()
 				return fltMigrateSetup{args: []string{"--to", filepath.Join(dir, "no-containerd.sock"), "--root", filepath.Join(dir, "root")},
 					root: filepath.Join(dir, "root"), untouched: true}
 			},
-			want: func(s fltMigrateSetup) []string {
+			want: func(s fltMigrateSetup, name, mode string) []string {
 				return []string{s.args[1]}
 			},
 		},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			w.requireServing(t, ctx)
-			name := "flt-m-" + tc.name
-			target := name + "-moved"
-			s := tc.setup(t, name)
-			if s.root == "" {
-				s.root = dst.CheckpointRoot
-			}
-			before := fltDstState(t, ctx, dst)
-			ev := fltWatch(t, ctx, src, w.id)
-			work := t.TempDir()
-			args := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-				"--root", dst.CheckpointRoot, "--id", target, "--work-dir", work, "--name", name,
-				"--log", filepath.Join(dst.Dir, target+".log")}, s.args...)
-			args = append(args, w.id)
-			var out bytes.Buffer
-			cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
-			cmd.Stdout, cmd.Stderr = &out, &out
-			start := time.Now()
-			fltNoErr(t, cmd.Start())
-			duringDone := make(chan struct{})
-			if s.during != nil {
-				go func() { defer close(duringDone); s.during(t, cmd) }()
-			} else {
-				close(duringDone)
-			}
-			err := cmd.Wait()
-			<-duringDone
-			t.Logf("migrate failed after %v", time.Since(start).Round(time.Millisecond))
-			fltRequireErr(t, "berthctl migrate", out.String(), err, append([]string{"migrate " + w.id}, tc.want(s)...)...)
-			if s.after != nil {
-				s.after(t)
-			}
-			w.requireServing(t, ctx)
-			got := ev.requireResumed(t)
-			if !s.untouched && len(got) == 0 {
-				t.Errorf("source %s: no pause or resume events: the fault was not met mid-migration", w.id)
-			}
-			if s.untouched && len(got) > 0 {
-				if s.untouchedBug == "" {
-					t.Errorf("source %s was touched: events %v, want none", w.id, got)
-				} else {
-					fltKnownBug(t, "source paused and checkpointed (events %v): %s", got, s.untouchedBug)
-				}
-			}
-			fltRequireDstClean(t, ctx, dst, before, []string{target}, name)
-			if s.root != dst.CheckpointRoot {
-				if left := fltList(t, s.root); len(left) > 0 {
-					if s.leftBug == "" || len(left) != 1 || left[0] != name {
-						t.Errorf("%s: %v left behind", s.root, left)
-					} else {
-						// what is left is the verified checkpoint, nothing partial
-						m, err := checkpoint.ReadManifest(filepath.Join(s.root, name))
-						fltNoErr(t, err)
-						if err := checkpoint.Verify(filepath.Join(s.root, name), m); err != nil {
-							t.Errorf("checkpoint left in %s does not verify: %v", s.root, err)
-						}
-						fltKnownBug(t, "%s: %s", s.leftBug, filepath.Join(s.root, name))
-					}
-				}
-			}
-			if left := fltList(t, work); len(left) > 0 {
-				t.Logf("source-side work directory after the failed migrate: %v", left)
-			}
-		})
+		modes := tc.modes
+		if len(modes) == 0 {
+			modes = []string{""}
+		}
+		for _, mode := range modes {
+			fltMigrateFault(t, ctx, w, tc.name, mode, tc.setup, tc.want)
+		}
 	}
+}
+
+// fltMigrateFault runs one case of TestFltMigrateFaults against the workload w: a migrate with
+// --mode mode ("" for the default) that must fail naming want and leave w serving and the
+// destination clean.
+func fltMigrateFault(t *testing.T, ctx context.Context, w *fltWorkload, caseName, mode string,
+	setup func(t *testing.T, name, mode string) fltMigrateSetup, want func(s fltMigrateSetup, name, mode string) []string) {
+	c := needCluster(t)
+	src, dst := c.Nodes[0], c.Nodes[1]
+	sub, name := caseName, "flt-m-"+caseName
+	if mode != "" {
+		sub, name = caseName+"/"+mode, name+"-"+mode
+	}
+	t.Run(sub, func(t *testing.T) {
+		w.requireServing(t, ctx)
+		target := name + "-moved"
+		s := setup(t, name, mode)
+		if s.root == "" {
+			s.root = dst.CheckpointRoot
+		}
+		before := fltDstState(t, ctx, dst)
+		ev := fltWatch(t, ctx, src, w.id)
+		work := t.TempDir()
+		args := append([]string{"migrate", "--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+			"--root", dst.CheckpointRoot, "--id", target, "--work-dir", work, "--name", name,
+			"--log", filepath.Join(dst.Dir, target+".log")}, s.args...)
+		if mode != "" {
+			args = append(args, "--mode", mode)
+		}
+		args = append(args, w.id)
+		var out bytes.Buffer
+		cmd := exec.CommandContext(ctx, c.Berthctl(), args...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		fltNoErr(t, cmd.Start())
+		duringDone := make(chan struct{})
+		if s.during != nil {
+			go func() { defer close(duringDone); s.during(t, cmd, ev) }()
+		} else {
+			close(duringDone)
+		}
+		err := cmd.Wait()
+		<-duringDone
+		t.Logf("migrate failed after %v", time.Since(start).Round(time.Millisecond))
+		fltRequireErr(t, "berthctl migrate", out.String(), err, append([]string{"migrate " + w.id}, want(s, name, mode)...)...)
+		if s.after != nil {
+			s.after(t)
+		}
+		w.requireServing(t, ctx)
+		got := ev.requireResumed(t)
+		if !s.untouched && len(got) == 0 {
+			t.Errorf("source %s: no pause or resume events: the fault was not met mid-migration", w.id)
+		}
+		if s.untouched && len(got) > 0 {
+			if s.untouchedBug == "" {
+				t.Errorf("source %s was touched: events %v, want none", w.id, got)
+			} else {
+				fltKnownBug(t, "source paused and checkpointed (events %v): %s", got, s.untouchedBug)
+			}
+		}
+		fltRequireDstClean(t, ctx, dst, before, []string{target}, name)
+		if s.root != dst.CheckpointRoot {
+			if left := fltList(t, s.root); len(left) > 0 {
+				if s.leftBug == "" || len(left) != 1 || left[0] != name {
+					t.Errorf("%s: %v left behind", s.root, left)
+				} else {
+					// what is left is the verified checkpoint, nothing partial
+					m, err := checkpoint.ReadManifest(filepath.Join(s.root, name))
+					fltNoErr(t, err)
+					if err := checkpoint.Verify(filepath.Join(s.root, name), m); err != nil {
+						t.Errorf("checkpoint left in %s does not verify: %v", s.root, err)
+					}
+					fltKnownBug(t, "%s: %s", s.leftBug, filepath.Join(s.root, name))
+				}
+			}
+		}
+		if left := fltList(t, work); len(left) > 0 {
+			t.Logf("source-side work directory after the failed migrate: %v", left)
+		}
+	})
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -953,6 +1003,22 @@ func fltWatch(t *testing.T, ctx context.Context, n *node.Node, id string) *fltEv
 	return e
 }
 
+// waitFor waits until topic was seen, at most d (then the test fails). A task's status cannot
+// stand in for its events during a copy-mode dump: containerd's runc shim answers no State while
+// it checkpoints, and the dump lasts as long as the page stream.
+func (e *fltEvents) waitFor(t *testing.T, topic string, d time.Duration) {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < d; time.Sleep(50 * time.Millisecond) {
+		e.mu.Lock()
+		seen := slices.Contains(e.topics, topic)
+		e.mu.Unlock()
+		if seen {
+			return
+		}
+	}
+	t.Errorf("task %s: no %s event within %v", e.id, topic, d)
+}
+
 // seen returns the topics seen so far, after giving events in flight a moment.
 func (e *fltEvents) seen() []string {
 	time.Sleep(300 * time.Millisecond)
@@ -1121,26 +1187,28 @@ func fltPeer(t *testing.T, n int64, stall, greet bool) string {
 			if err != nil {
 				return
 			}
-			var line []byte
-			if greet {
-				_, _ = conn.Write([]byte(transfer.Greeting))
-				// answer a preflight query as a receiver that predates it does (migrate then
-				// goes on without the receiver's checks), so that the fault comes with the
-				// checkpoint
-				line = fltReadLine(conn)
-				if bytes.Contains(line, []byte(`"preflight":`)) {
-					_, _ = conn.Write([]byte(`{"ok":false,"error":"header manifest: missing (a test peer)"}` + "\n"))
-					conn.Close()
-					continue
-				}
-			}
-			if stall {
-				mu.Lock()
-				conns = append(conns, conn)
-				mu.Unlock()
-				continue
-			}
+			// each connection on its own: a copy-mode migrate holds the checkpoint's connection
+			// open (greeted, its header not sent yet) while it opens the page stream's
 			go func() {
+				var line []byte
+				if greet {
+					_, _ = conn.Write([]byte(transfer.Greeting))
+					// answer a preflight query as a receiver that predates it does (migrate
+					// then goes on without the receiver's checks), so that the fault comes
+					// with the checkpoint
+					line = fltReadLine(conn)
+					if bytes.Contains(line, []byte(`"preflight":`)) {
+						_, _ = conn.Write([]byte(`{"ok":false,"error":"header manifest: missing (a test peer)"}` + "\n"))
+						conn.Close()
+						return
+					}
+				}
+				if stall {
+					mu.Lock()
+					conns = append(conns, conn)
+					mu.Unlock()
+					return
+				}
 				_, _ = io.CopyN(io.Discard, conn, max(n-int64(len(line)), 0))
 				conn.Close()
 			}()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,21 +48,100 @@ func kubectlBerth(ctx context.Context, t *testing.T, c *node.KubeCluster, args .
 	return out.String(), errb.String(), err
 }
 
+// assertRefusedMove runs pod (manifest; "" when it runs already) on its node and has `kubectl
+// berth move --to` the other node refused by the preflight with stderr saying each of wants:
+// nothing was checkpointed (no archive in the source kubelet's checkpoint directory), nothing
+// stored in the destination's checkpoint root, no pod created, and the source's container the
+// same one, running, with no restart.
+func assertRefusedMove(ctx context.Context, t *testing.T, c *node.KubeCluster, ns, name, manifest string, wants ...string) {
+	t.Helper()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	var before *corev1.Pod
+	if manifest != "" {
+		before = kubeRunPod(t, ctx, c, ns, name, manifest)
+	} else {
+		before = kubeGetPod(t, ctx, c, ns, name)
+	}
+	list := func(dir string) []string {
+		es, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	archives, stored := list(src.CheckpointDir), list(dst.CheckpointRoot)
+	pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, name, "--to", dst.Name)
+	t.Logf("refused move: %s", strings.TrimSpace(stderr))
+	for _, want := range append([]string{"nothing was checkpointed"}, wants...) {
+		if err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("move of %s to %s: %v; stderr lacks %q", name, dst.Name, err, want)
+		}
+	}
+	after := kubeGetPod(t, ctx, c, ns, name)
+	if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
+		after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 ||
+		after.Status.ContainerStatuses[0].State.Running == nil {
+		t.Errorf("source pod after the refusal: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
+	}
+	if now := list(src.CheckpointDir); strings.Join(now, " ") != strings.Join(archives, " ") {
+		t.Errorf("the kubelet's checkpoint directory on %s after the refusal: %v, before %v (the source was checkpointed)", src.Name, now, archives)
+	}
+	if now := list(dst.CheckpointRoot); strings.Join(now, " ") != strings.Join(stored, " ") {
+		t.Errorf("%s's checkpoint root after the refusal: %v, before %v", dst.Name, now, stored)
+	}
+	// no pod made (a pod of an earlier subtest may have gone meanwhile)
+	now, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(now) {
+		if !slices.Contains(strings.Fields(pods), p) {
+			t.Errorf("pods after the refusal: %q, before %q: %s was made", now, pods, p)
+		}
+	}
+}
+
 // TestKubeMove moves a running inference pod to the other node with `kubectl berth move` (no
 // node named: the one whose labels match its checkpoint), through the kubelet checkpoint API; the
 // session continues with the tokens of an uninterrupted run. Before, a move that cannot finish
 // (the restore pod's wait times out) leaves the source running and nothing on the destination,
-// and a pod a controller owns is refused. After, `berthctl checkpoint gc` collects the archives.
+// a pod a controller owns is refused, and the preflight refuses, before anything is
+// checkpointed, a destination without the image, without a hostPath source (the nodes' berth
+// probes) or with the host PIDs of a hostPID pod in use. After, `berthctl checkpoint gc` collects the archives.
 func TestKubeMove(t *testing.T) {
 	c := needKube(t)
 	src, dst := c.Nodes[0], c.Nodes[1]
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const ns = "berth-move"
 	if _, err := c.Kubectl(ctx, "create", "namespace", ns); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "delete", "namespace", ns, "--wait=false") })
+
+	t.Run("agent holds no signing key", func(t *testing.T) {
+		// the agents' /etc/berth holds node.key, which shim.toml names as signing_key: the agent
+		// runs without it (its receiver never signs), and it is not in the agent's container
+		pod, err := c.Kubectl(ctx, "-n", "berth-system", "get", "pods", "-l", "app.kubernetes.io/name=berth-agent", "-o", "jsonpath={.items[0].metadata.name}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		inspect := func(p string) string {
+			out, err := c.Kubectl(ctx, "-n", "berth-system", "exec", pod, "-c", "agent", "--", "/usr/local/bin/berthctl", "checkpoint", "inspect", p)
+			return fmt.Sprint(out, err) // berthctl's error is in kubectl's stderr, which err carries
+		}
+		if out := inspect("/etc/berth/" + node.AgentNodeKey); !strings.Contains(out, "no such file or directory") {
+			t.Errorf("the node's private key in agent %s: inspect %s: %q, want no such file", pod, node.AgentNodeKey, out)
+		}
+		if out := inspect("/etc/berth/shim.toml"); strings.Contains(out, "no such file or directory") {
+			t.Errorf("agent %s has no /etc/berth/shim.toml: %q", pod, out)
+		}
+	})
 
 	t.Run("owned pod refused", func(t *testing.T) {
 		if _, err := c.Kubectl(ctx, "-n", ns, "create", "configmap", "owner"); err != nil {
@@ -81,7 +161,10 @@ func TestKubeMove(t *testing.T) {
 		if p := kubeGetPod(t, ctx, c, ns, "owned"); p.Status.Phase != corev1.PodRunning {
 			t.Errorf("owned pod %s after the refused move", p.Status.Phase)
 		}
-		_, _ = c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--wait=false")
+		// gone before the next subtest lists the namespace's pods
+		if _, err := c.Kubectl(ctx, "-n", ns, "delete", "pod", "owned", "--grace-period=1", "--timeout=60s"); err != nil {
+			t.Errorf("delete the owned pod: %v", err)
+		}
 	})
 
 	t.Run("preflight refuses a destination without the image", func(t *testing.T) {
@@ -92,50 +175,49 @@ func TestKubeMove(t *testing.T) {
 			t.Fatal(err)
 		}
 		pod := strings.Replace(kubePodYAML("pfimg", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}), "image: "+image.WorkloadRef, "image: "+only, 1)
-		before := kubeRunPod(t, ctx, c, ns, "pfimg", pod)
 		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "pfimg", "--wait=false") }()
-		list := func(dir string) []string {
-			es, _ := os.ReadDir(dir)
-			var names []string
-			for _, e := range es {
-				names = append(names, e.Name())
-			}
-			return names
-		}
 		agentLog := func() string {
 			out, _ := c.Kubectl(ctx, "-n", "berth-system", "logs", "-l", "app.kubernetes.io/name=berth-agent", "-c", "agent", "--tail=-1")
 			return strconv.Itoa(strings.Count(out, "answered a preflight query"))
 		}
-		archives, stored, answered := list(src.CheckpointDir), list(dst.CheckpointRoot), agentLog()
-		pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "pfimg", "--to", dst.Name)
-		t.Logf("refused move: %s", strings.TrimSpace(stderr))
-		for _, want := range []string{"nothing was checkpointed", "node " + dst.Name + " status.images is without " + only, "needs " + only, "ErrImageNeverPull"} {
-			if err == nil || !strings.Contains(stderr, want) {
-				t.Errorf("move to a node without the image: %v; stderr lacks %q", err, want)
-			}
-		}
-		after := kubeGetPod(t, ctx, c, ns, "pfimg")
-		if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
-			after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 {
-			t.Errorf("source pod after the refusal: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
-		}
-		if now := list(src.CheckpointDir); strings.Join(now, " ") != strings.Join(archives, " ") {
-			t.Errorf("the kubelet's checkpoint directory on %s after the refusal: %v, before %v (the source was checkpointed)", src.Name, now, archives)
-		}
-		if now := list(dst.CheckpointRoot); strings.Join(now, " ") != strings.Join(stored, " ") {
-			t.Errorf("%s's checkpoint root after the refusal: %v, before %v", dst.Name, now, stored)
-		}
-		if now, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name"); err != nil || now != pods {
-			t.Errorf("pods after the refusal: %q (%v), before %q", now, err, pods)
-		}
+		answered := agentLog()
+		assertRefusedMove(ctx, t, c, ns, "pfimg", pod, "node "+dst.Name+" status.images is without "+only, "needs "+only, "ErrImageNeverPull")
 		// the destination's agent answered its part (free disk under its checkpoint root)
 		if now := agentLog(); now == answered {
 			t.Errorf("no preflight query answered by the agents (%s before and after)", now)
 		}
+	})
+
+	// What only the nodes' hosts can tell, asked of their berth probes (berth-probe-daemonset.yaml):
+	// a hostPath present on the source node and missing on the destination. Each node's /var/log
+	// is its own directory (kubenode.go), so the path exists on the source only.
+	t.Run("preflight refuses a destination without a hostPath source", func(t *testing.T) {
+		const hostDir = "/var/log/berth-pf-models"
+		if err := os.MkdirAll(filepath.Join(c.Dir, src.Name, "varlog", filepath.Base(hostDir)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		pod := kubePodYAML("pfbind", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}) +
+			"    volumeMounts: [{name: models, mountPath: /models, readOnly: true}]\n" +
+			"  volumes: [{name: models, hostPath: {path: " + hostDir + ", type: Directory}}]\n"
+		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "pfbind", "--wait=false") }()
+		assertRefusedMove(ctx, t, c, ns, "pfbind", pod,
+			"node "+dst.Name+" volumes[models].hostPath.path (mounted at /models) is "+hostDir+" (missing)", "needs an existing path")
+	})
+
+	// hostPID: the container's PIDs must be free in the destination's PID namespace. This
+	// machine's nodes share its PID namespace, so they never are: the probe says which.
+	t.Run("preflight refuses host PIDs in use on the destination", func(t *testing.T) {
+		pod := strings.Replace(kubePodYAML("pfpid", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}),
+			"  runtimeClassName: berth\n", "  runtimeClassName: berth\n  hostPID: true\n", 1)
+		defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "pfpid", "--wait=false") }()
+		_, id := kubeContainer(t, c, kubeRunPod(t, ctx, c, ns, "pfpid", pod))
+		ins, err := src.Inspect(ctx, id)
+		if err != nil || ins.PID == 0 {
+			t.Fatalf("crictl inspect %s: pid %d, %v", id, ins.PID, err)
+		}
+		pid := ins.PID
+		assertRefusedMove(ctx, t, c, ns, "pfpid", "",
+			fmt.Sprintf("node %s PID %d is in use in the host's PID namespace, needs free", dst.Name, pid))
 	})
 
 	t.Run("ReplicaSet adopts the restored pod", func(t *testing.T) {

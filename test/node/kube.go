@@ -107,7 +107,8 @@ type KubeCluster struct {
 	Server, Kubeconfig string
 	// Nodes are the nodes in order, kube1 first.
 	Nodes []*KubeNode
-	// AgentEtc is what the agent DaemonSet mounts as the node's /etc/berth (kubecontrib.go).
+	// AgentEtc is laid out as the nodes' /etc/berth; the agent DaemonSet mounts its shim.toml and
+	// keys/ (kubecontrib.go).
 	AgentEtc string
 	// Timings are the bring-up steps and how long each took.
 	Timings []Timing

@@ -27,11 +27,14 @@ func ContribDir() string { return filepath.Join(RepoRoot(), "contrib", "kubernet
 //   - restore-pod.yaml, an example whose image and selector are placeholders, is validated by the
 //     API server (server-side dry run) and not created;
 //   - berth-agent-daemonset.yaml runs on every node with the locally built berthctl image
-//     (AgentRef), its Secret berth-agent-tls made by agentPKI, and its host path /etc/berth
-//     replaced by AgentEtc (the trusted keys every node's shim has, as the agent sees them), and
+//     (AgentRef), its Secret berth-agent-tls made by agentPKI, and its host paths under /etc/berth
+//     replaced by AgentEtc's (the trusted keys every node's shim has, as the agent sees them), and
 //     its collector run every AgentGCInterval instead of every 10 minutes (same policy). Its
 //     other host paths are the usual ones: each node's mount namespace shows its kubelet
-//     checkpoint directory and checkpoint root there (kubenode.go).
+//     checkpoint directory and checkpoint root there (kubenode.go);
+//   - berth-probe-daemonset.yaml runs on every node with the locally built berthctl image, as it
+//     is otherwise: its host / is the node's mount namespace's (the kubelet and containerd run
+//     there), its host PID namespace the machine's, which every node shares.
 //
 // Then it waits until berth-nri is running and synchronized with containerd on every node, and
 // the agents run on every node.
@@ -55,7 +58,7 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if err := c.waitServiceAccount(ctx, "default"); err != nil {
 		return err
 	}
-	var nriApplied, agentApplied bool
+	var nriApplied, agentApplied, probeApplied bool
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -76,6 +79,12 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 				return err
 			}
 			agentApplied = true
+		case "berth-probe-daemonset.yaml":
+			if !bytes.Contains(b, []byte(agentPublishedRef)) {
+				return fmt.Errorf("%s does not name the image %s any more: update kubecontrib.go", f, agentPublishedRef)
+			}
+			b = bytes.ReplaceAll(b, []byte(agentPublishedRef), []byte(AgentRef))
+			probeApplied = true
 		}
 		out, err := c.KubectlIn(ctx, bytes.NewReader(b), args...)
 		if err != nil {
@@ -95,7 +104,10 @@ func (c *KubeCluster) applyContrib(ctx context.Context) error {
 	if !agentApplied {
 		return fmt.Errorf("no berth-agent-daemonset.yaml in %s", ContribDir())
 	}
-	for _, ds := range []string{"daemonset/berth-nri", "daemonset/berth-agent"} {
+	if !probeApplied {
+		return fmt.Errorf("no berth-probe-daemonset.yaml in %s", ContribDir())
+	}
+	for _, ds := range []string{"daemonset/berth-nri", "daemonset/berth-agent", "daemonset/berth-probe"} {
 		if _, err := c.Kubectl(ctx, "-n", "berth-system", "rollout", "status", ds, "--timeout=120s"); err != nil {
 			pods, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "pods", "-o", "wide")
 			events, _ := c.Kubectl(ctx, "-n", "berth-system", "get", "events", "--sort-by=.lastTimestamp")
@@ -193,15 +205,20 @@ const (
 	agentName = "berth-agent.berth-system"
 	// AgentGCInterval is how often the agent DaemonSet's collector runs here.
 	AgentGCInterval = 2 * time.Second
+	// AgentNodeKey is the node's private key beside shim.toml in AgentEtc (signing_key names
+	// /etc/berth/node.key), which berth-agent-daemonset.yaml must not mount into the agent.
+	AgentNodeKey = "node.key"
 )
 
 // agentManifest returns berth-agent-daemonset.yaml (b) for this cluster: the local image, and the
-// host path /etc/berth replaced by AgentEtc, a directory holding shim.toml with the trusted keys
-// of every node (their public keys copied beside it, named as the agent's container sees them).
+// host paths /etc/berth/shim.toml and /etc/berth/keys replaced by those of AgentEtc, a directory
+// laid out as a node's /etc/berth: shim.toml with signing_key (node.key, beside it, mode 0600)
+// and the trusted keys of every node (their public keys in keys/, named as the agent's container
+// sees them).
 // It also creates the agents' transfer PKI (a CA of its own, one certificate naming
 // berth-agent.berth-system, as cert-manager would issue it) as the Secret berth-agent-tls.
 func (c *KubeCluster) agentManifest(ctx context.Context, b []byte) ([]byte, error) {
-	for _, want := range []string{agentPublishedRef, "path: /etc/berth\n", agentName, "--interval=10m"} {
+	for _, want := range []string{agentPublishedRef, "path: /etc/berth/shim.toml\n", "path: /etc/berth/keys\n", agentName, "--interval=10m"} {
 		if !bytes.Contains(b, []byte(want)) {
 			return nil, fmt.Errorf("berth-agent-daemonset.yaml does not hold %q any more: update kubecontrib.go", want)
 		}
@@ -210,8 +227,14 @@ func (c *KubeCluster) agentManifest(ctx context.Context, b []byte) ([]byte, erro
 	// the collector's policy as shipped, applied every 2 s instead of every 10 minutes
 	b = bytes.ReplaceAll(b, []byte("--interval=10m"), []byte("--interval="+AgentGCInterval.String()))
 	c.AgentEtc = filepath.Join(c.Dir, "agent-etc")
-	b = bytes.ReplaceAll(b, []byte("path: /etc/berth\n"), []byte("path: "+c.AgentEtc+"\n"))
+	b = bytes.ReplaceAll(b, []byte("path: /etc/berth/shim.toml\n"), []byte("path: "+filepath.Join(c.AgentEtc, "shim.toml")+"\n"))
+	b = bytes.ReplaceAll(b, []byte("path: /etc/berth/keys\n"), []byte("path: "+filepath.Join(c.AgentEtc, "keys")+"\n"))
 	if err := os.MkdirAll(filepath.Join(c.AgentEtc, "keys"), 0o755); err != nil {
+		return nil, err
+	}
+	// a node's /etc/berth also holds its private key, which shim.toml names: the agent must
+	// neither see it nor need it (TestKubeMove checks it is not in the agent's container)
+	if err := WriteKeyPair(filepath.Join(c.AgentEtc, AgentNodeKey), filepath.Join(c.AgentEtc, "node.pub")); err != nil {
 		return nil, err
 	}
 	var keys []signature.TrustedKey
@@ -225,7 +248,8 @@ func (c *KubeCluster) agentManifest(ctx context.Context, b []byte) ([]byte, erro
 		}
 		keys = append(keys, signature.TrustedKey{Path: "/etc/berth/keys/" + n.Name + ".pub"})
 	}
-	if err := os.WriteFile(filepath.Join(c.AgentEtc, "shim.toml"), []byte(trustedKeysLine(keys)+"\n"), 0o644); err != nil {
+	cfg := fmt.Sprintf("signing_key = %q\n%s\n", "/etc/berth/"+AgentNodeKey, trustedKeysLine(keys))
+	if err := os.WriteFile(filepath.Join(c.AgentEtc, "shim.toml"), []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
 	ca, err := transferkeys.NewCA(filepath.Join(c.Dir, "agent-pki"), "berth-test-transfer-ca")

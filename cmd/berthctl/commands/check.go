@@ -18,13 +18,13 @@ import (
 // CheckpointCheck is `berthctl checkpoint check`: the destination preflight of a move by hand.
 func CheckpointCheck(g *Globals) *cobra.Command {
 	var (
-		on, root, receiver, needJSON, name string
-		nf                                 nodeFlags
-		tf                                 *tlsFlags
-		output                             *format
+		on, root, receiver, needJSON, name, hostRoot string
+		nf                                           nodeFlags
+		tf                                           *tlsFlags
+		output                                       *format
 	)
 	cmd := &cobra.Command{
-		Use:   "check (--on SOCKET [-n NS] [--root DIR] | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY]) [-o text|json] DIR|ARCHIVE|--need JSON",
+		Use:   "check (--on SOCKET [-n NS] [--root DIR] | --receiver HOST:PORT [--tls-ca CA --tls-cert CERT --tls-key KEY] | --host-root DIR) [-o text|json] DIR|ARCHIVE|--need JSON",
 		Short: "Check that the node of containerd SOCKET (this host), or of a 'berthctl receive', can restore a checkpoint, before it is moved there",
 		Long: `check reads the checkpoint's berth.json and spec.dump (a directory, or a tar archive of one) and
 checks the node that containerd --on runs on (this host): the image with the checkpoint's digest
@@ -41,15 +41,23 @@ sources, free memory, PIDs, free disk under its --root, the fingerprint, with it
 device memory), each answered by the receiver with the root and GPU backend it will use; the
 image is not checked there. --need JSON checks a move.Need (what 'kubectl berth move' asks of the
 destination's berth agent before it checkpoints anything) instead of a checkpoint; --name is the
-checkpoint name the query names (default: the checkpoint's base name, else "preflight").`,
+checkpoint name the query names (default: the checkpoint's base name, else "preflight").
+
+--host-root DIR checks the host whose / is mounted at DIR (read-only is enough) from a container
+that has no containerd socket: the berth-probe DaemonSet of contrib/kubernetes, where 'kubectl
+berth move' runs it with --need. The same checks as --on, less the image and the fingerprint
+(which need containerd and CRIU): every bind source (looked up under DIR, symlinks resolved
+inside it), PIDs in DIR/proc when the container shares the host's PID namespace, free memory,
+free disk under --root when given, and with --gpu ($BERTH_GPU) the device memory free on this
+node's GPUs.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if (len(args) == 1) == (needJSON != "") {
 				return fmt.Errorf("name a checkpoint DIR|ARCHIVE, or --need JSON (one of them)")
 			}
-			if (on == "") == (receiver == "") {
-				return fmt.Errorf("--on (the destination containerd socket, this host) or --receiver (a berthctl receive) is required, not both")
+			if n := btoi(on != "") + btoi(receiver != "") + btoi(hostRoot != ""); n != 1 {
+				return fmt.Errorf("one of --on (the destination containerd socket, this host), --receiver (a berthctl receive) or --host-root (the host's / as mounted here) is required, not %d", n)
 			}
 			var need move.Need
 			what := "--need"
@@ -77,6 +85,9 @@ checkpoint name the query names (default: the checkpoint's base name, else "pref
 				}
 				return reportCheck(cmd, output, checkResult{Checkpoint: what, On: receiver, OK: len(refusals) == 0, Refusals: refusals},
 					"bind sources, memory, PIDs, disk, fingerprint, GPU memory as the receiver's node checks them", move.MergeRefusals(refusals, nil))
+			}
+			if hostRoot != "" {
+				return checkHostRoot(cmd, nf, output, hostRoot, root, what, need)
 			}
 			ns, err := g.namespace()
 			if err != nil {
@@ -122,12 +133,49 @@ checkpoint name the query names (default: the checkpoint's base name, else "pref
 	f.StringVar(&receiver, "receiver", "", "ask the node of the 'berthctl receive' at HOST:PORT instead of this host")
 	f.StringVar(&needJSON, "need", "", "check this move.Need (JSON) instead of a checkpoint")
 	f.StringVar(&name, "name", "", "with --receiver: the checkpoint name the query names")
+	f.StringVar(&hostRoot, "host-root", "", "check the host whose / is mounted at DIR (a probe container) instead of --on's")
 	tf = addTLSFlags(f)
 	tf.addServerName(f)
 	f.StringVar(&root, "root", "", "destination checkpoint root, for the free disk (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	nf.add(f)
 	output = addFormat(f, formatText, formatJSON)
 	return cmd
+}
+
+// checkHostRoot is `checkpoint check --host-root DIR`: need checked against the host mounted at
+// hostRoot (move.Destination.HostRoot) with nf's GPU backend, free disk under root only when
+// given (a path on that host).
+func checkHostRoot(cmd *cobra.Command, nf nodeFlags, output *format, hostRoot, root, what string, need move.Need) error {
+	n, err := nf.open()
+	if err != nil {
+		return err
+	}
+	dst := move.Destination{Local: true, HostRoot: hostRoot, Root: root}
+	checked := "bind sources, PIDs, memory, namespaces"
+	if root != "" {
+		checked += ", disk"
+	}
+	if n.gpu != nil {
+		dst.GPUs = n.gpu.Inventory()
+		checked += ", GPU memory"
+	}
+	perr := move.Preflight(cmd.Context(), dst, need)
+	var pe *move.PreflightError
+	if perr != nil && !errors.As(perr, &pe) {
+		return fmt.Errorf("checkpoint check %s on the host at %s: %w", what, hostRoot, perr)
+	}
+	res := checkResult{Checkpoint: what, On: "host " + hostRoot, OK: perr == nil, Refusals: []move.Refusal{}}
+	if pe != nil {
+		res.Refusals = pe.Refusals
+	}
+	return reportCheck(cmd, output, res, checked, perr)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // reportCheck prints res (-o json: as JSON; else one line, or the refusals) and returns perr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -66,10 +67,22 @@ type nodeFlags struct {
 	criuPath, gpuKind, fakeRoot string
 }
 
+// Environment defaults of --gpu and --fake-gpu-root: a container that runs berthctl for its node
+// (the berth-probe DaemonSet of contrib/kubernetes) names its GPU backend once for every
+// command run in it.
+const (
+	EnvGPU         = "BERTH_GPU"
+	EnvFakeGPURoot = "BERTH_FAKE_GPU_ROOT"
+)
+
 func (f *nodeFlags) add(fs *pflag.FlagSet) {
+	kind := os.Getenv(EnvGPU)
+	if kind == "" {
+		kind = "none"
+	}
 	fs.StringVar(&f.criuPath, "criu", "", "CRIU binary (default: criu from PATH)")
-	fs.StringVar(&f.gpuKind, "gpu", "none", "GPU backend: none, cuda (NVML and libcuda.so.1) or fake")
-	fs.StringVar(&f.fakeRoot, "fake-gpu-root", "", "the fake GPU node directory (with --gpu fake)")
+	fs.StringVar(&f.gpuKind, "gpu", kind, "GPU backend: none, cuda (NVML and libcuda.so.1) or fake ($"+EnvGPU+")")
+	fs.StringVar(&f.fakeRoot, "fake-gpu-root", os.Getenv(EnvFakeGPURoot), "the fake GPU node directory (with --gpu fake) ($"+EnvFakeGPURoot+")")
 }
 
 // open checks the --gpu and --fake-gpu-root flags and opens the GPU backend they name.

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -46,14 +48,16 @@ The checkpoint is signed with this node's key (signing_key of --config, or --sig
 it leaves, and the receiver, in this process too, keeps it only when a key it trusts signed it;
 the destination's shim checks the signature again before it restores.
 
---mode copy sends the memory pages from CRIU straight to the destination, never to this node's
-disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries the stream
-to the receiver on a connection of its own (mutual TLS like the checkpoint's) and hashes it; the
-receiver feeds it to a 'criu page-server' it runs on a socket of its own and hashes it again.
-The page stream's digest is signed with the rest of the checkpoint, and the receiver keeps the
-pages only when both digests agree (contrib/TRUST.md). --mode stored (the default) writes the
-whole checkpoint here first, then sends it. Either way the source is stopped only after the
-destination serves: downtime and the source's teardown are reported apart.
+--mode copy (the default) sends the memory pages from CRIU straight to the destination, never to
+this node's disk: CRIU's page client reaches a relay in this process on 127.0.0.1, which carries
+the stream to the receiver on a connection of its own (mutual TLS like the checkpoint's) and
+hashes it; the receiver feeds it to a 'criu page-server' it runs on a socket of its own and
+hashes it again. The page stream's digest is signed with the rest of the checkpoint, and the
+receiver keeps the pages only when both digests agree (contrib/TRUST.md); that checkpoint cannot
+be sent on from the destination ('berthctl send' refuses it: only that receiver verified its
+pages). --mode stored writes the whole checkpoint here first, then sends it. Either way the
+source is stopped only after the destination serves: downtime and the source's teardown are
+reported apart.
 
 --mode lazy (or --lazy) is post-copy: CRIU dumps everything but the memory, the destination
 restores from that and resumes at once, and the memory pages follow from the source's CRIU,
@@ -155,6 +159,20 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 					return err
 				}
 			}
+			// where the source's memory goes, before anything else: another local user must not
+			// have prepared it
+			if workDir == "" {
+				workDir = filepath.Join(os.TempDir(), "berth-migrate")
+			}
+			if err := os.MkdirAll(filepath.Dir(workDir), 0o700); err != nil {
+				return fmt.Errorf("--work-dir: %w", err)
+			}
+			if err := os.Mkdir(workDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("--work-dir: %w", err)
+			}
+			if err := checkWorkDir(workDir); err != nil {
+				return fmt.Errorf("migrate %s: nothing was paused: --work-dir: %w", id, err)
+			}
 			src, err := connect(ctx, fromFlag, "source", from)
 			if err != nil {
 				return err
@@ -213,12 +231,6 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 			}
 			if err := move.MergeRefusals(local, remote); err != nil {
 				return fmt.Errorf("migrate %s: nothing was paused: %w", id, err)
-			}
-			if workDir == "" {
-				workDir = filepath.Join(os.TempDir(), "berth-migrate")
-			}
-			if err := os.MkdirAll(workDir, 0o700); err != nil {
-				return fmt.Errorf("--work-dir: %w", err)
 			}
 			addr := receiver
 			if addr == "" {
@@ -288,7 +300,7 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 	f.StringVar(&root, "root", "", "destination checkpoint root, for the in-process receiver (default: checkpoint_root of --config, else "+checkpoint.DefaultRoot+")")
 	deprecatedAlias(f, &root, "to-root", "root")
 	f.StringVar(&receiver, "receiver", "", "HOST:PORT of a 'berthctl receive' on the destination (default: one in this process)")
-	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate)")
+	f.StringVar(&workDir, "work-dir", "", "where the source checkpoint is written (default $TMPDIR/berth-migrate); it must be a directory (no symbolic link) of root or of this user that group and others cannot write")
 	f.StringVar(&name, "name", "", "checkpoint name in the destination root (default CONTAINER-TIMESTAMP)")
 	f.StringVar(&logPath, "log", "", "file for the restored task's stdout/stderr on the destination")
 	f.BoolVar(&leaveRunning, "leave-running", false, "keep the source container running after the move")
@@ -296,7 +308,7 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 	f.BoolVar(&keepFailed, "keep-failed", false, "keep the checkpoint received by the destination when the move fails (with the in-process receiver; a remote 'berthctl receive' keeps what it verified)")
 	nf.add(f)
 	f.BoolVar(&keep, "keep-local", false, "keep the source-side checkpoint directory after the move")
-	f.StringVar(&mode, "mode", modeStored, "copy: memory pages go from CRIU straight to the destination (never to this node's disk); lazy: post-copy, the destination resumes before the memory arrived, the pages follow on demand and in the background while the source stays frozen; stored: the whole checkpoint is written here, then sent")
+	f.StringVar(&mode, "mode", modeCopy, "copy (the default): memory pages go from CRIU straight to the destination (never to this node's disk); lazy: post-copy, the destination resumes before the memory arrived, the pages follow on demand and in the background while the source stays frozen; stored: the whole checkpoint is written here, then sent")
 	f.BoolVar(&lazyFlag, "lazy", false, "the same as --mode lazy")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, true, true)
@@ -389,6 +401,41 @@ func (r migrateResult) writeText(w io.Writer) {
 func targetFree(ctx context.Context, c *containerd.Client, ns, id string) error {
 	if _, err := c.LoadContainer(namespaces.WithNamespace(ctx, ns), id); err == nil {
 		return fmt.Errorf("--id %s: container %s already exists on the destination (namespace %s): remove it or choose another id", id, id, ns)
+	}
+	return nil
+}
+
+// errUnsafeWorkDir: the work directory could be written, or replaced, by another user.
+var errUnsafeWorkDir = errors.New("unsafe work directory")
+
+// checkWorkDir refuses a work directory another local user could have prepared or could write
+// into: the default, $TMPDIR/berth-migrate, lies in a directory every user may create entries in,
+// so one of them could have made it a symbolic link (to make berthctl, as root, write the
+// checkpoint where they choose) or a directory of their own (and read or swap the source's
+// memory). It must be a directory itself (not a symbolic link), owned by root or by the user
+// berthctl runs as, without group or other write permission. Errors wrap errUnsafeWorkDir
+// and name the path and what is wrong.
+func checkWorkDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	switch {
+	case fi.Mode()&os.ModeSymlink != 0:
+		target, _ := os.Readlink(dir)
+		return fmt.Errorf("%s is a symbolic link (to %q), not a directory: %w; remove it or give another --work-dir", dir, target, errUnsafeWorkDir)
+	case !fi.IsDir():
+		return fmt.Errorf("%s is a %v, not a directory: %w; remove it or give another --work-dir", dir, fi.Mode().Type(), errUnsafeWorkDir)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: owner unknown: %w", dir, errUnsafeWorkDir)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+		return fmt.Errorf("%s is owned by uid %d, not by root or uid %d (berthctl): %w; remove it or give another --work-dir", dir, st.Uid, euid, errUnsafeWorkDir)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("%s has mode %v: group or others may write it: %w; chmod go-w it or give another --work-dir", dir, perm, errUnsafeWorkDir)
 	}
 	return nil
 }

@@ -66,6 +66,8 @@ func Move(g *Globals) *cobra.Command {
 		output    *format
 		via       string
 		agents    = &kube.Agents{}
+		probes    = &kube.Probes{}
+		probe     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "move POD [--to NODE] [-c CONTAINER] [-n NAMESPACE] [-o text|json]",
@@ -81,7 +83,14 @@ func Move(g *Globals) *cobra.Command {
      pods request, node.memory.availableBytes and node.fs.availableBytes of its kubelet, the source
      node's free disk for the archive, and (--transfer agent) the free disk of berth's checkpoint
      root as the destination's agent answers it ('berthctl checkpoint check --receiver' in that
-     agent). Each refusal names the field, its value and the limit; nothing is checkpointed;
+     agent), and what only the nodes' hosts can tell, asked of their berth probes
+     (contrib/kubernetes/berth-probe-daemonset.yaml; --probe=false skips it): 'berthctl checkpoint
+     need' on the source node (the container's host PIDs, found by its cgroup, and the device
+     memory they hold on each GPU when the probe has a GPU backend), then 'berthctl checkpoint
+     check --host-root' on the destination: every hostPath volume's path present (but
+     DirectoryOrCreate and FileOrCreate, which the kubelet creates), with hostPID the
+     container's PIDs free there, and free device memory on GPUs of the source's models. Each
+     refusal names the field, its value and the limit; nothing is checkpointed;
   2. the kubelet checkpoint API on the pod's node, through the API server
      (POST /api/v1/nodes/NODE/proxy/checkpoint/NS/POD/CONTAINER), which freezes the container
      while CRIU dumps it; the pod keeps running; the checkpoint's selector ('berthctl checkpoint
@@ -126,6 +135,10 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 				return err
 			}
 			o.Namespace, o.Pod = ns, args[0]
+			if probe {
+				probes.Client, probes.Config, probes.Namespace = cs, cfg, agents.Namespace
+				o.Probe = probes
+			}
 			switch via {
 			case "agent":
 				agents.Client, agents.Config = cs, cfg
@@ -178,7 +191,9 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 	cmd.Flags().StringVar(&o.Name, "name", "", "the restore pod's name (default: POD-mNNNNN)")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 5*time.Minute, "how long to wait for the restore pod to be Ready")
 	cmd.Flags().StringVar(&via, "transfer", "agent", "how the archive reaches the destination: agent (the berth agents, node to node over mutual TLS) or shared-fs")
-	cmd.Flags().StringVar(&agents.Namespace, "agent-namespace", kube.DefaultAgentNamespace, "the namespace of the berth agents (--transfer agent)")
+	cmd.Flags().StringVar(&agents.Namespace, "agent-namespace", kube.DefaultAgentNamespace, "the namespace of the berth agents (--transfer agent) and probes")
+	cmd.Flags().BoolVar(&probe, "probe", true, "check bind sources, host PIDs and GPU memory through each node's berth probe before anything is checkpointed")
+	cmd.Flags().StringVar(&probes.Labels, "probe-selector", kube.DefaultProbeSelector, "the label selector of the berth probes' pods")
 	cmd.Flags().StringVar(&agents.Labels, "agent-selector", kube.DefaultAgentSelector, "the label selector of the berth agents' pods (--transfer agent)")
 	cmd.Flags().StringVar(&rootTmpl, "checkpoint-root", "", "--transfer shared-fs: the destination's berth checkpoint root as seen here, {node} for its name (default: checkpoint_root of --config)")
 	cmd.Flags().StringVar(&kubeletTm, "kubelet-checkpoints", DefaultKubeletCheckpointDir, "--transfer shared-fs: the source's kubelet checkpoint directory as seen here, {node} for its name")

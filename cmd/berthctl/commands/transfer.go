@@ -222,14 +222,16 @@ func Receive(g *Globals) *cobra.Command {
 		Short: "Receive checkpoints into a checkpoint root; only verified, trusted checkpoints are kept, nothing is restored",
 		Long: `receive listens for 'berthctl send' and 'berthctl migrate --receiver' and writes each checkpoint into
 --root (default: checkpoint_root of --config) once every file's digest matches its berth.json and
-its berth.sig is the signature of a key the node trusts (signing_key and trusted_keys of --config,
---trusted-key); anything else is refused before it is renamed into place, and nothing of it is
-left. It restores nothing.
+its berth.sig is the signature of a key the node trusts (trusted_keys of --config, --trusted-key);
+anything else is refused before it is renamed into place, and nothing of it is
+left. It restores nothing, and it signs nothing: it never reads signing_key of --config (list
+this node's own public key in trusted_keys for it to take this node's checkpoints), so the node's
+private key need not be where it runs.
 Off loopback it listens only with mutual TLS (--tls-ca, --tls-cert, --tls-key); without TLS, on
 loopback, it accepts only connections from root's sockets. With TLS senders must
 present a certificate of the same CA, and with --allowed-peer one that names an allowed peer (a
 DNS, IP or URI subject alternative name, or the common name). A peer that does not finish its TLS
-handshake within 3 s loses its slot; a whole transfer is bounded by --transfer-timeout; a
+handshake within 3 s loses its place; one address holds at most 8 places at once (64 in all); a whole transfer is bounded by --transfer-timeout; a
 checkpoint that does not fit the free space (with 1 GiB to spare) is refused before it is written;
 a sender beyond 4 at once is answered busy.
 It also answers 'berthctl migrate --receiver' before the source is paused: the checks that need
@@ -332,6 +334,7 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 	f.BoolVar(&noSync, "no-sync", false, "do not fsync received checkpoints: for checkpoints restored at once (the agents of kubectl berth move); after a crash one may be torn, and its restore then reads and refuses it (a verification stamp does not outlive a reboot)")
 	tf = addTLSFlags(f)
 	trust = addTrustFlags(f, false, true)
+	trust.verifyOnly = true // receive verifies, never signs: it does not read signing_key
 	nf.add(f)
 	output = addFormat(f, formatText, formatJSON)
 	return cmd

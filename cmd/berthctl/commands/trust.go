@@ -112,6 +112,10 @@ type trustFlags struct {
 	trusted       []string
 	allowUnsigned bool
 	sign, verify  bool // what the command does: which flags it has
+	// verifyOnly drops the configuration's signing_key: the command never reads the private key
+	// (so it runs where the key is not mounted, the node agent), and the node's own key is then
+	// trusted only when trusted_keys (or --trusted-key) lists its public key. For receive.
+	verifyOnly bool
 }
 
 // addTrustFlags registers the trust flags of a command that signs (sign), verifies (verify) or
@@ -128,14 +132,17 @@ func addTrustFlags(fs *pflag.FlagSet, sign, verify bool) *trustFlags {
 	return t
 }
 
-// policy loads the trust policy: the configuration's keys, overridden by the flags. Errors name
-// the flag or the configuration file.
+// policy loads the trust policy: the configuration's keys, overridden by the flags (without the
+// configuration's signing_key when verifyOnly). Errors name the flag or the configuration file.
 func (t *trustFlags) policy(g *Globals) (*signature.Policy, error) {
 	c, err := g.config()
 	if err != nil {
 		return nil, err
 	}
 	tc := c.TrustConfig
+	if t.verifyOnly {
+		tc.SigningKey = ""
+	}
 	if t.signingKey != "" {
 		abs, err := filepath.Abs(t.signingKey)
 		if err != nil {

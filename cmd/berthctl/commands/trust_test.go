@@ -48,6 +48,22 @@ func newTrust(t *testing.T, extra ...string) *testTrust {
 	return tr
 }
 
+// newReceiverTrust is newTrust for a receiving node: its config also lists the node's own public
+// key in trusted_keys, since receive does not read signing_key.
+func newReceiverTrust(t *testing.T, extra ...string) *testTrust {
+	t.Helper()
+	tr := newTrust(t, extra...)
+	f, err := os.OpenFile(tr.config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintf(f, "trusted_keys = [{path = %q}]\n", tr.pub); err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
 // sign signs dir's berth.json with the node key.
 func (tr *testTrust) sign(t *testing.T, dir string) {
 	t.Helper()
@@ -271,7 +287,7 @@ path = "/etc/berth/b.pub"
 // one signed by an unknown key, naming the reason; --allow-unsigned admits the unsigned one, with
 // a warning.
 func TestReceiveTrust(t *testing.T) {
-	tr := newTrust(t)
+	tr := newReceiverTrust(t)
 	attacker, err := os.MkdirTemp(t.TempDir(), "attacker")
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +360,7 @@ func TestReceiveTrust(t *testing.T) {
 // plain-TCP sender, a TLS sender of another CA and one --allowed-peer does not name; a TLS sender
 // refuses a plain receiver; neither side runs plain TCP off loopback.
 func TestReceiveTLS(t *testing.T) {
-	tr := newTrust(t)
+	tr := newReceiverTrust(t)
 	ca, err := keys.NewCA(filepath.Join(t.TempDir(), "ca"), "berth-test-ca")
 	if err != nil {
 		t.Fatal(err)
@@ -554,5 +570,39 @@ func TestVerifyCheckpointNamespace(t *testing.T) {
 				t.Fatalf("verifyCheckpoint = %v, want %v", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestReceiveNeedsNoSigningKey: receive verifies and never signs, so it never reads signing_key:
+// it starts and keeps a checkpoint a trusted key signed where the configured signing_key is not
+// there (the node agent, which does not mount the node's private key), and it does not trust a
+// key only because signing_key names it.
+func TestReceiveNeedsNoSigningKey(t *testing.T) {
+	tr := newTrust(t)
+	// the node's key as the agent sees it: signing_key names a file that is not mounted
+	cfg := fmt.Sprintf("signing_key = %q\ntrusted_keys = [{path = %q}]\n", filepath.Join(tr.dir, "not-mounted", "node.key"), tr.pub)
+	if err := os.WriteFile(tr.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startReceive(t, tr.g)
+	good := checkpointDir(t, checkpointFingerprint())
+	tr.sign(t, good)
+	if err := send("--name", "good", good, r.addr); err != nil {
+		t.Fatalf("send a signed checkpoint: %v", err)
+	}
+	if e := r.next(t); e.Event != "received" {
+		t.Fatalf("signed checkpoint: %+v", e)
+	}
+
+	// signing_key alone (the key is there) makes no key trusted by receive
+	only := newTrust(t)
+	r2 := startReceive(t, only.g)
+	signed := checkpointDir(t, checkpointFingerprint())
+	only.sign(t, signed)
+	if err := send("--name", "own", signed, r2.addr); err == nil || !errors.Is(err, transfer.ErrRejected) || !strings.Contains(err.Error(), "not signed by a trusted key") {
+		t.Errorf("send a checkpoint signed only by signing_key's key: %v, want a rejection (untrusted key)", err)
+	}
+	if e := r2.next(t); e.Event != "rejected" {
+		t.Errorf("own-key checkpoint: %+v", e)
 	}
 }

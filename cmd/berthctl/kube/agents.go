@@ -88,11 +88,25 @@ func (a *Agents) defaults() {
 // pod returns the running, ready agent pod on node.
 func (a *Agents) pod(ctx context.Context, node string) (*corev1.Pod, error) {
 	a.defaults()
-	pods, err := a.Client.CoreV1().Pods(a.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: a.Labels, FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	p, err := readyPod(ctx, a.Client, a.Namespace, a.Labels, node)
 	if err != nil {
 		return nil, fmt.Errorf("find the berth agent on %s: %w", node, err)
+	}
+	if p == nil {
+		return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/berth-agent-daemonset.yaml applied?)",
+			ErrNoAgent, node, a.Labels, a.Namespace)
+	}
+	return p, nil
+}
+
+// readyPod returns the running, ready pod of namespace ns matching selector on node; nil when
+// there is none. The error is the API server's.
+func readyPod(ctx context.Context, cs kubernetes.Interface, ns, selector, node string) (*corev1.Pod, error) {
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: selector, FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, err
 	}
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -105,20 +119,26 @@ func (a *Agents) pod(ctx context.Context, node string) (*corev1.Pod, error) {
 			}
 		}
 	}
-	return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/berth-agent-daemonset.yaml applied?)",
-		ErrNoAgent, node, a.Labels, a.Namespace)
+	return nil, nil
 }
 
 // exec runs argv in the agent container of p and returns its standard output; the error holds
 // its standard error.
 func (a *Agents) exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byte, error) {
-	req := a.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(p.Namespace).Name(p.Name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(a.Config, "GET", req.URL().String())
+	return execIn(ctx, a.Client, a.Config, p, a.Container, "berth agent", argv...)
+}
+
+// execIn runs argv in container of p through the pods/exec subresource (what kubectl exec does:
+// WebSocket, else SPDY) and returns its standard output; the error, naming what (the pod's
+// role) and the pod, holds the last 2000 bytes of its standard error.
+func execIn(ctx context.Context, cs kubernetes.Interface, cfg *rest.Config, p *corev1.Pod, container, what string, argv ...string) ([]byte, error) {
+	req := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(p.Namespace).Name(p.Name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
 		return nil, err
 	}
-	spdy, err := remotecommand.NewSPDYExecutor(a.Config, "POST", req.URL())
+	spdy, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
 	if err != nil {
 		return nil, err
 	}
@@ -134,11 +154,11 @@ func (a *Agents) exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byt
 		if len(msg) > 2000 {
 			msg = "..." + msg[len(msg)-2000:]
 		}
-		what := path.Base(argv[0])
+		cmd := path.Base(argv[0])
 		if len(argv) > 1 {
-			what += " " + argv[1]
+			cmd += " " + argv[1]
 		}
-		return stdout.Bytes(), fmt.Errorf("%s in berth agent %s/%s on %s: %w: %s", what, p.Namespace, p.Name, p.Spec.NodeName, err, msg)
+		return stdout.Bytes(), fmt.Errorf("%s in %s %s/%s on %s: %w: %s", cmd, what, p.Namespace, p.Name, p.Spec.NodeName, err, msg)
 	}
 	return stdout.Bytes(), nil
 }

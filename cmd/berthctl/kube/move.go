@@ -81,6 +81,10 @@ type Options struct {
 	// Preflight asks the destination node itself (Agents.Preflight: its berth agent's receiver)
 	// what only it can tell; nil: the preflight reads the API server and the kubelets only.
 	Preflight NodePreflight
+	// Probe asks the source and destination nodes' hosts (Probes: their berth-probe pods) what
+	// the agents cannot see: the container's host PIDs and GPU device memory on the source, bind
+	// sources, free PIDs and free device memory on the destination; nil: not checked.
+	Probe NodeProbe
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
 	// Now is the clock (time.Now when nil).

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/distribution/reference"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,13 +54,21 @@ import (
 // destination's berth agent with the receive protocol's own preflight query (move.RemotePreflight):
 // Agents.Preflight runs `berthctl checkpoint check --receiver` in that agent, which sends the query
 // to its own receiver, so the answer is the receiver's, with the root and GPU backend it will use.
-// The agent's container is not given the host's file system or PID namespace (least privilege):
-// bind sources (hostPath volumes) and host PIDs are not asked there; the kubelet checks hostPath
-// types when it creates the restore pod, and the shim refuses a missing bind source before CRIU
-// runs (the move then rolls back with the source still running). GPU device memory is checked
-// only as the nvidia.com/gpu count (requests against allocatable): what the container holds on
-// each GPU (move.GPUNeedOfSource) needs the source node's GPU backend and host PIDs, which the
-// agents do not have.
+// The agent's container is not given the host's file system or PID namespace (least privilege).
+// What only the nodes' hosts can tell is asked of their berth probes (Options.Probe, Probes: a
+// DaemonSet of its own with hostPID and the host's / read-only, reached by pods/exec only):
+//   - on the source node, `berthctl checkpoint need`: the container's host PIDs (by its cgroup)
+//     and, with the probe's GPU backend, the device memory they hold on each GPU
+//     (move.GPUNeedOfSource, as migrate asks it);
+//   - on the destination, `berthctl checkpoint check --host-root` with that need and a spec of
+//     the pod's hostPath volumes and PID namespace (hostNeed): move.Preflight, the code of
+//     migrate's and a receiver's preflight, refuses a missing hostPath (but DirectoryOrCreate and
+//     FileOrCreate), with hostPID a PID in use there, and a GPU model missing or short of the
+//     device memory the container holds (devicemap, as the shim will map it), with the
+//     destination probe's own GPU backend.
+// Without a probe (Options.Probe nil) these are not checked; the shim still refuses a missing
+// bind source before CRIU runs, after the checkpoint (the move then rolls back, the source
+// still running).
 
 // NodePreflight is what Options.Preflight is: the destination node's own answer to need (its
 // berth agent's receiver), for the checkpoint name the move will send. It returns that node's
@@ -98,10 +108,14 @@ type sourceFacts struct {
 	memory, estimate int64
 	// nodeFsFree is the source node's node.fs.availableBytes (-1: unknown).
 	nodeFsFree int64
+	// held is what the container holds on the source node, from its probe (NodeProbe.Source):
+	// its processes' host PIDs and the device memory they hold on each GPU; zero without a probe.
+	held move.Need
 }
 
-// readSource reads the source node and its kubelet's stats of the pod's container.
-func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p *corev1.Pod, container string) (*sourceFacts, error) {
+// readSource reads the source node, its kubelet's stats of the pod's container and, with probe,
+// what the container holds on the node (host PIDs, GPU device memory).
+func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, probe NodeProbe, p *corev1.Pod, container string) (*sourceFacts, error) {
 	f := &sourceFacts{pod: p, nodeFsFree: -1}
 	for _, c := range p.Spec.Containers {
 		if c.Name == container {
@@ -141,7 +155,47 @@ func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p
 			}
 		}
 	}
+	if probe != nil {
+		id := containerID(p, container)
+		if id == "" {
+			return nil, fmt.Errorf("%w: %s/%s: container %s has no containerID in the pod's status", ErrNotMovable, p.Namespace, p.Name, container)
+		}
+		if f.held, err = probe.Source(ctx, p.Spec.NodeName, id); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
+}
+
+// hostNeed is what a destination's probe checks for f (move.Preflight with the host's / under
+// the probe's host root): a spec holding the container's hostPath volumes as bind mounts and
+// the pod's PID namespace (none of its own with hostPID: then its host PIDs must be free), and
+// the device memory it holds on its GPUs. A hostPath of type DirectoryOrCreate or FileOrCreate
+// is left out: the kubelet creates it for the restore pod (empty: berth moves no hostPath's
+// content, of any type). names[i] names mount i of the spec for a refusal. ok is false
+// when there is nothing to check (no such volume, no hostPID, no device memory).
+func hostNeed(f *sourceFacts) (need move.Need, names []string, ok bool) {
+	sp := &specs.Spec{Linux: &specs.Linux{}}
+	if !f.pod.Spec.HostPID {
+		sp.Linux.Namespaces = []specs.LinuxNamespace{{Type: specs.PIDNamespace}}
+	}
+	for _, vm := range f.container.VolumeMounts {
+		for _, v := range f.pod.Spec.Volumes {
+			hp := v.HostPath
+			if v.Name != vm.Name || hp == nil || (hp.Type != nil && (*hp.Type == corev1.HostPathDirectoryOrCreate || *hp.Type == corev1.HostPathFileOrCreate)) {
+				continue
+			}
+			src := hp.Path
+			if vm.SubPath != "" {
+				src = path.Join(src, vm.SubPath)
+			}
+			sp.Mounts = append(sp.Mounts, specs.Mount{Destination: vm.MountPath, Source: src, Type: "bind", Options: []string{"rbind"}})
+			names = append(names, "volumes["+v.Name+"].hostPath.path (mounted at "+vm.MountPath+")")
+		}
+	}
+	need = move.Need{Spec: sp, PIDs: f.held.PIDs, GPU: f.held.GPU}
+	ok = len(sp.Mounts) > 0 || (f.pod.Spec.HostPID && len(f.held.PIDs) > 0) || (f.held.GPU != nil && len(f.held.GPU.Devices) > 0)
+	return need, names, ok
 }
 
 // sourceRefusals are the refusals of the source side: the source node's free disk for the
@@ -158,9 +212,10 @@ func sourceRefusals(f *sourceFacts) []move.Refusal {
 }
 
 // destinationRefusals checks node dst (read from the API server, its kubelet's stats summary,
-// and with ask its own berth agent) for the container of f, naming the checkpoint name. It
+// with ask its own berth agent, and with probe its host: hostNeed) for the container of f,
+// naming the checkpoint name. It
 // returns the refusals (nil: dst can take it), or the error of a read that failed.
-func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, ask NodePreflight, f *sourceFacts, dst *corev1.Node, name string) ([]move.Refusal, error) {
+func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, ask NodePreflight, probe NodeProbe, f *sourceFacts, dst *corev1.Node, name string) ([]move.Refusal, error) {
 	var out []move.Refusal
 	on := "node " + dst.Name + " "
 	refuse := func(field, value, limit, fix string) {
@@ -279,6 +334,23 @@ func destinationRefusals(ctx context.Context, cs kubernetes.Interface, stats Sta
 			out = append(out, r)
 		}
 	}
+
+	// what only the node's host can tell: its probe (bind sources, host PIDs, GPU memory)
+	if need, names, ok := hostNeed(f); probe != nil && ok {
+		rs, err := probe.Check(ctx, dst.Name, need)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			for i, n := range names {
+				if strings.HasPrefix(r.Field, "mounts["+strconv.Itoa(i)+"].source") {
+					r.Field = n
+				}
+			}
+			r.Field = on + r.Field
+			out = append(out, r)
+		}
+	}
 	return out, nil
 }
 
@@ -362,7 +434,7 @@ func preflight(ctx context.Context, cs kubernetes.Interface, o Options, src *cor
 	if stats == nil {
 		stats = KubeletStats(cs)
 	}
-	f, err := readSource(ctx, cs, stats, src, container)
+	f, err := readSource(ctx, cs, stats, o.Probe, src, container)
 	if err != nil {
 		return "", err
 	}
@@ -373,7 +445,7 @@ func preflight(ctx context.Context, cs kubernetes.Interface, o Options, src *cor
 	}
 	var all []move.Refusal
 	for _, n := range nodes {
-		rs, err := destinationRefusals(ctx, cs, stats, o.Preflight, f, n, name)
+		rs, err := destinationRefusals(ctx, cs, stats, o.Preflight, o.Probe, f, n, name)
 		if err != nil {
 			return "", err
 		}

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -15,6 +20,8 @@ import (
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/berth-dev/berth/cmd/berthctl/move"
+	"github.com/berth-dev/berth/gpu"
+	gpufake "github.com/berth-dev/berth/gpu/fake"
 )
 
 const mi = 1 << 20
@@ -41,6 +48,7 @@ func pfPod() *corev1.Pod {
 	p.UID = "pod-uid"
 	p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
 	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("256Mi")}
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "infer", ContainerID: "containerd://" + pfContainerID}}
 	return p
 }
 
@@ -67,6 +75,106 @@ type pfAgent struct {
 func (a *pfAgent) ask(_ context.Context, node, name string, need move.Need) ([]move.Refusal, error) {
 	a.asked = append(a.asked, need)
 	return a.refusals, a.err
+}
+
+// pfContainerID is the source container's ID in pfPod's status.
+const pfContainerID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// hostProbe is a NodeProbe that does in this process what a node's berth-probe pod does
+// (`berthctl checkpoint need` and `checkpoint check --host-root`), with the same code
+// (move.HeldOnHost, move.Preflight with HostRoot and the GPU inventory): each node's host is a
+// directory (its / as the probe's /host shows it) and a fake GPU node. The source container's
+// process is this test's: its cgroup file under kube1's host names pfContainerID, and the device
+// memory it holds is what this process maps of kube1's fake GPU (gpu/fake reads /proc/PID/maps).
+type hostProbe struct {
+	hosts map[string]string
+	gpus  map[string]*gpufake.Node
+	// checked counts Check calls
+	checked int
+}
+
+func (h *hostProbe) inv(node string) gpu.Inventory {
+	if g := h.gpus[node]; g != nil {
+		return g
+	}
+	return nil
+}
+
+func (h *hostProbe) Source(_ context.Context, node, id string) (move.Need, error) {
+	return move.HeldOnHost(h.hosts[node], id, h.inv(node))
+}
+
+func (h *hostProbe) Check(ctx context.Context, node string, need move.Need) ([]move.Refusal, error) {
+	h.checked++
+	err := move.Preflight(ctx, move.Destination{Local: true, HostRoot: h.hosts[node], GPUs: h.inv(node)}, need)
+	var pe *move.PreflightError
+	if errors.As(err, &pe) {
+		return pe.Refusals, nil
+	}
+	return nil, err
+}
+
+// newHostProbe makes kube1 and kube2's hosts: each with /proc holding this process's PID (the
+// machine's PID namespace, as the e2e cluster's nodes share it), its cgroup on kube1 naming
+// pfContainerID; kube1 with /data/models (a hostPath of the pod), kube2 without; a fake GPU
+// "Fake H200" of 4 GiB on each, of which this process maps gib GiB on kube1's (0: none).
+func newHostProbe(t *testing.T, gib int64) *hostProbe {
+	h := &hostProbe{hosts: map[string]string{}, gpus: map[string]*gpufake.Node{}}
+	pid := strconv.Itoa(os.Getpid())
+	for _, n := range []string{"kube1", "kube2"} {
+		root := t.TempDir()
+		h.hosts[n] = root
+		if err := os.MkdirAll(filepath.Join(root, "proc", pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		g, err := gpufake.Setup(filepath.Join(t.TempDir(), "gpu"), gpufake.NodeSpec{Driver: "580.65.06", CUDA: "12.8",
+			GPUs: []gpufake.GPUSpec{{UUID: "GPU-" + n + "-0", Name: "Fake H200", MemoryBytes: 4 << 30}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.gpus[n] = g
+	}
+	if err := os.WriteFile(filepath.Join(h.hosts["kube1"], "proc", pid, "cgroup"), []byte("0::/kubepods/pod-uid/"+pfContainerID+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(h.hosts["kube1"], "data", "models"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if gib > 0 {
+		h.holdGPU(t, "kube1", "mem-held", gib)
+	}
+	return h
+}
+
+// holdGPU makes gib GiB of node's fake GPU used by a device memory file name, which this
+// process maps (MAP_SHARED, never touched: sparse) until the test ends when name is not "mem-fill".
+func (h *hostProbe) holdGPU(t *testing.T, node, name string, gib int64) {
+	dir, err := h.gpus[node].Dir("GPU-" + node + "-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(gib << 30); err != nil {
+		t.Fatal(err)
+	}
+	if name == "mem-fill" {
+		return
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, int(gib<<30), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+}
+
+// withData gives p's container the hostPath volume /data/models (type typ, nil: none) at /models.
+func withData(p *corev1.Pod, typ *corev1.HostPathType) {
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "models", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/data/models", Type: typ}}})
+	p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "models", MountPath: "/models"})
 }
 
 func TestPreflightRefusals(t *testing.T) {
@@ -183,6 +291,110 @@ func TestPreflightRefusals(t *testing.T) {
 			}
 			t.Errorf("no refusal of %q in %v", tc.field, err)
 		})
+	}
+}
+
+// TestPreflightHostRefusals: what only the nodes' hosts can tell, through their probes (a
+// hostProbe running the probe's code on directories and fake GPUs): (a) a hostPath volume's path
+// missing on the destination, (b) with hostPID the container's PIDs in use there, (c) the device
+// memory the container holds on the source's GPU (from the source's fake GPU and its
+// processes) more than the destination's GPUs of that model have free. Each refusal names the
+// field, its value and the limit.
+func TestPreflightHostRefusals(t *testing.T) {
+	dirType, orCreate := corev1.HostPathDirectory, corev1.HostPathDirectoryOrCreate
+	for _, tc := range []struct {
+		name   string
+		gib    int64 // GiB the container holds on kube1's GPU
+		edit   func(t *testing.T, p *corev1.Pod, h *hostProbe)
+		field  string // "": passes
+		values []string
+		checks int // probe.Check calls
+	}{
+		{"nothing to check", 0, func(*testing.T, *corev1.Pod, *hostProbe) {}, "", nil, 0},
+		{"hostPath present", 0, func(t *testing.T, p *corev1.Pod, h *hostProbe) {
+			withData(p, &dirType)
+			if err := os.MkdirAll(filepath.Join(h.hosts["kube2"], "data", "models"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, "", nil, 1},
+		{"hostPath missing", 0, func(_ *testing.T, p *corev1.Pod, _ *hostProbe) { withData(p, nil) },
+			"node kube2 volumes[models].hostPath.path (mounted at /models)", []string{"/data/models (missing)", "an existing path"}, 1},
+		{"hostPath missing, Directory", 0, func(_ *testing.T, p *corev1.Pod, _ *hostProbe) { withData(p, &dirType) },
+			"node kube2 volumes[models].hostPath.path (mounted at /models)", []string{"/data/models (missing)"}, 1},
+		{"hostPath DirectoryOrCreate: the kubelet makes it", 0, func(_ *testing.T, p *corev1.Pod, _ *hostProbe) { withData(p, &orCreate) }, "", nil, 0},
+		{"hostPID, PID in use", 0, func(_ *testing.T, p *corev1.Pod, _ *hostProbe) { p.Spec.HostPID = true },
+			"node kube2 PID " + strconv.Itoa(os.Getpid()), []string{"in use in the host's PID namespace", "free"}, 1},
+		{"hostPID, PID free", 0, func(t *testing.T, p *corev1.Pod, h *hostProbe) {
+			p.Spec.HostPID = true
+			if err := os.RemoveAll(filepath.Join(h.hosts["kube2"], "proc", strconv.Itoa(os.Getpid()))); err != nil {
+				t.Fatal(err)
+			}
+		}, "", nil, 1},
+		{"own PID namespace, PID in use there", 0, func(*testing.T, *corev1.Pod, *hostProbe) {}, "", nil, 0},
+		{"GPU memory fits", 2, func(*testing.T, *corev1.Pod, *hostProbe) {}, "", nil, 1},
+		{"GPU memory full", 2, func(t *testing.T, _ *corev1.Pod, h *hostProbe) { h.holdGPU(t, "kube2", "mem-fill", 3) },
+			"node kube2 gpu[0] device memory free (Fake H200)", []string{"1073741824 bytes at most, on GPU-kube2-0 (3221225472 of 4294967296 bytes used)",
+				">= 2147483648 bytes (what the container held on GPU-kube1-0)"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst, p, st := pfNode("kube1"), pfNode("kube2"), pfPod(), pfStats()
+			h := newHostProbe(t, tc.gib)
+			tc.edit(t, p, h)
+			cs := fake.NewClientset(src, dst, p)
+			o := Options{To: "kube2", Probe: h, Stats: func(_ context.Context, n string) (*statsapi.Summary, error) { return st[n], nil }}
+			got, err := preflight(context.Background(), cs, o, p, "infer", "ns-infer-1")
+			if h.checked != tc.checks {
+				t.Errorf("the destination's probe was asked %d times, want %d", h.checked, tc.checks)
+			}
+			if tc.field == "" {
+				if err != nil || got != "kube2" {
+					t.Fatalf("preflight = %q, %v; want kube2", got, err)
+				}
+				return
+			}
+			var pe *move.PreflightError
+			if !errors.As(err, &pe) || !errors.Is(err, move.ErrPreflight) {
+				t.Fatalf("preflight = %q, %v; want a PreflightError", got, err)
+			}
+			t.Logf("refused: %v", err)
+			for _, r := range pe.Refusals {
+				if r.Field != tc.field {
+					continue
+				}
+				for _, v := range tc.values {
+					if !strings.Contains(r.String(), v) {
+						t.Errorf("refusal %q lacks %q", r, v)
+					}
+				}
+				return
+			}
+			t.Errorf("no refusal of %q in %v", tc.field, err)
+		})
+	}
+}
+
+// A probe that cannot answer fails the preflight with its error (nothing checkpointed), and a
+// pod whose status has no container ID cannot be probed.
+func TestPreflightProbeErrors(t *testing.T) {
+	st := pfStats()
+	stats := func(_ context.Context, n string) (*statsapi.Summary, error) { return st[n], nil }
+	p := pfPod()
+	h := newHostProbe(t, 0)
+	h.hosts["kube1"] = t.TempDir() // no process of the container there
+	if err := os.Mkdir(filepath.Join(h.hosts["kube1"], "proc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset(pfNode("kube1"), pfNode("kube2"), p)
+	if _, err := preflight(context.Background(), cs, Options{To: "kube2", Stats: stats, Probe: h}, p, "infer", "n"); err == nil || !strings.Contains(err.Error(), "no process") {
+		t.Errorf("container not found by the source's probe: %v", err)
+	}
+	p.Status.ContainerStatuses = nil
+	if _, err := preflight(context.Background(), cs, Options{To: "kube2", Stats: stats, Probe: h}, p, "infer", "n"); !errors.Is(err, ErrNotMovable) {
+		t.Errorf("no container ID: %v", err)
+	}
+	pr := &Probes{Client: cs}
+	if _, err := pr.Check(context.Background(), "kube2", move.Need{}); !errors.Is(err, ErrNoProbe) {
+		t.Errorf("no probe pod: %v", err)
 	}
 }
 

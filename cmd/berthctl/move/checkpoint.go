@@ -52,6 +52,9 @@ type CheckpointOptions struct {
 	// Checkpoint returns then, the checkpoint marked PostCopy, while the task stays frozen and
 	// CRIU serves its pages (until they are all served, or the stream fails).
 	LazyPages string
+	// LazyStream, with LazyPages, is the ID of the lazy page stream (transfer.LazyRelay.ID),
+	// recorded in the signed manifest (checkpoint.Manifest.LazyStream).
+	LazyStream string
 	// PauseLease, when positive, is a pause lease held on the task from before it is paused
 	// until the caller resumes or stops it (Source.Resume, Source.Release): berth's shim resumes
 	// the task by itself if this process dies meanwhile (oci.AnnotationPauseLease).
@@ -270,6 +273,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		GPU:         inner.GPU,
 		PageStream:  pages,
 		PostCopy:    inner.PostCopy,
+		LazyStream:  o.LazyStream,
 	}
 	m.Fingerprint.ImageDigest = imageDigest
 	// the shim just digested the CRIU images: reuse those digests instead of reading the images again

@@ -104,7 +104,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	if o.Pages != nil {
 		relay, err := o.Pages(ctx, o.Name)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("migrate %s: nothing was paused: the page stream to the destination: %w", o.ID, err)
 		}
 		defer relay.Close()
 		copts.PageServer, copts.PageStream = relay.Addr(), relay.Wait
@@ -116,7 +116,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 			return nil, fmt.Errorf("migrate %s: nothing was paused: %w", o.ID, err)
 		}
 		defer lazy.Close()
-		copts.LazyPages = lazy.Addr()
+		copts.LazyPages, copts.LazyStream = lazy.Addr(), lazy.ID()
 	}
 	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {

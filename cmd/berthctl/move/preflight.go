@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	securejoin "github.com/cyphar/filepath-securejoin"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -70,8 +73,14 @@ type Destination struct {
 	Root string
 	// Fingerprint returns the destination node's fingerprint; nil skips the comparison.
 	Fingerprint func(ctx context.Context) (fingerprint.Fingerprint, error)
-	// ProcRoot is /proc (a test seam); "" means /proc.
+	// ProcRoot is /proc (a test seam); "" means HostRoot's /proc.
 	ProcRoot string
+	// HostRoot is where the destination host's / is seen, when this process runs in a
+	// container with the host's file system mounted there (the berth-probe DaemonSet's /host,
+	// read-only): bind sources, /proc (PIDs, MemAvailable) and Root are looked up under it, with
+	// symlinks resolved inside it (securejoin), as the host would resolve them. "" is this
+	// process's own /.
+	HostRoot string
 	// GPUs is the destination node's GPU inventory (model, device memory total and used, links):
 	// with Local, a checkpoint's GPUs must fit on GPUs of their models with enough free memory
 	// (gpu/devicemap, as the shim will map them). nil skips the check.
@@ -157,15 +166,26 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 	}
 	proc := dst.ProcRoot
 	if proc == "" {
-		proc = "/proc"
+		var err error
+		if proc, err = HostPath(dst.HostRoot, "/proc"); err != nil {
+			return err
+		}
 	}
 	if sp := need.Spec; sp != nil {
 		for i, m := range sp.Mounts {
 			if !oci.IsBindMount(m) {
 				continue
 			}
-			if _, err := os.Stat(m.Source); err != nil {
-				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), m.Source+" (missing)", "an existing path",
+			src, err := HostPath(dst.HostRoot, m.Source)
+			if err != nil {
+				return err
+			}
+			if _, err := os.Stat(src); err != nil {
+				value := m.Source + " (missing)"
+				if errors.Is(err, fs.ErrPermission) {
+					value = m.Source + " (not visible to the check: " + err.Error() + ")"
+				}
+				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), value, "an existing path",
 					"create it on the destination with what it held on the source")
 			}
 		}
@@ -185,7 +205,10 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 	}
 	if dst.Root != "" && need.DiskBytes > 0 {
 		var st unix.Statfs_t
-		dir := dst.Root
+		dir, err := HostPath(dst.HostRoot, dst.Root)
+		if err != nil {
+			return err
+		}
 		for {
 			if err := unix.Statfs(dir, &st); err == nil || dir == "/" {
 				break
@@ -461,6 +484,83 @@ func readCheckpointFiles(p string, names ...string) (map[string][]byte, error) {
 		out[name] = b
 	}
 	return out, nil
+}
+
+// HostPath is p (an absolute path on the host) as seen under root (the host's / mounted
+// there): symlinks resolved inside root (securejoin.SecureJoin), so a host link to /run does not
+// lead to this container's /run. With root "" it is p.
+func HostPath(root, p string) (string, error) {
+	if root == "" {
+		return p, nil
+	}
+	hp, err := securejoin.SecureJoin(root, p)
+	if err != nil {
+		return "", fmt.Errorf("host path %s under %s: %w", p, root, err)
+	}
+	return hp, nil
+}
+
+// ContainerPIDs returns the PIDs, in the PID namespace of proc (a procfs: the host's /proc for
+// host PIDs), of the processes in the cgroup of the container id (a CRI or containerd container
+// ID, 12 characters at least): those whose proc/PID/cgroup names a cgroup path with id in its
+// last element (cgroupfs: .../ID; systemd: cri-containerd-ID.scope), sorted. It needs no
+// privilege (cgroup files are world-readable); a process gone meanwhile is skipped. Errors: an
+// id too short to be unique, or proc unreadable.
+func ContainerPIDs(proc, id string) ([]int, error) {
+	if len(id) < 12 {
+		return nil, fmt.Errorf("container id %q: too short to find its cgroup", id)
+	}
+	ents, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, fmt.Errorf("processes of container %s: %w", id, err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(proc, e.Name(), "cgroup"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			// hierarchy-ID:controllers:path
+			parts := strings.SplitN(l, ":", 3)
+			if len(parts) == 3 && strings.Contains(path.Base(parts[2]), id) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// HeldOnHost is what the running container id holds on the host whose / is at hostRoot ("":
+// this process's /), as a Need with PIDs and GPU only: its processes' PIDs in hostRoot's /proc
+// (ContainerPIDs: host PIDs when that is the host's procfs) and, with inv (the host's GPU
+// inventory; nil: none), the device memory they hold on each GPU (GPUNeedOfSource; inv must
+// speak the same PIDs: run in the host's PID namespace). Errors: no process of the container
+// there, ContainerPIDs', the inventory's.
+func HeldOnHost(hostRoot, id string, inv gpu.Inventory) (Need, error) {
+	var n Need
+	proc, err := HostPath(hostRoot, "/proc")
+	if err != nil {
+		return n, err
+	}
+	if n.PIDs, err = ContainerPIDs(proc, id); err != nil {
+		return n, err
+	}
+	if len(n.PIDs) == 0 {
+		return n, fmt.Errorf("container %s: no process in %s has its cgroup (not running on this node?)", id, proc)
+	}
+	if inv != nil {
+		if n.GPU, err = GPUNeedOfSource(inv, n.PIDs); err != nil {
+			return n, fmt.Errorf("container %s: %w", id, err)
+		}
+	}
+	return n, nil
 }
 
 // hostPIDs reports whether sp shares the host's PID namespace (no pid namespace of its own).

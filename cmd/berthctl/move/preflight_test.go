@@ -194,3 +194,94 @@ func TestGPUNeedOfSource(t *testing.T) {
 		t.Errorf("per-process memory unsupported: %+v, %v", st, err)
 	}
 }
+
+// TestPreflightHostRoot: with HostRoot (a probe's view of the host), bind sources and /proc are
+// the host's under it, a host symlink resolved inside it, never this process's files.
+func TestPreflightHostRoot(t *testing.T) {
+	host := t.TempDir()
+	for _, d := range []string{"proc/42", "srv/models", "data"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// an absolute host link: /models -> /srv/models on the host, not this process's /srv
+	if err := os.Symlink("/srv/models", filepath.Join(host, "models")); err != nil {
+		t.Fatal(err)
+	}
+	// a link out of the host root: resolved inside it, so missing
+	if err := os.Symlink("/etc", filepath.Join(host, "etc-link")); err != nil {
+		t.Fatal(err)
+	}
+	need := Need{
+		PIDs: []int{42, 43},
+		Spec: &specs.Spec{Linux: &specs.Linux{}, Mounts: []specs.Mount{
+			{Destination: "/m", Source: "/models", Type: "bind"},
+			{Destination: "/d", Source: "/data", Type: "bind"},
+			{Destination: "/gone", Source: "/var/lib/gone", Type: "bind"},
+			{Destination: "/e", Source: "/etc-link/hostname", Type: "bind"},
+			{Destination: "/proc-of-this", Source: "/proc/self", Type: "bind"},
+		}},
+	}
+	err := Preflight(t.Context(), Destination{Local: true, HostRoot: host}, need)
+	var pe *PreflightError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Preflight = %v, want a PreflightError", err)
+	}
+	fields := map[string]string{}
+	for _, r := range pe.Refusals {
+		fields[r.Field] = r.Value
+	}
+	want := map[string]string{
+		"mounts[2].source (destination /gone)":         "/var/lib/gone (missing)",
+		"mounts[3].source (destination /e)":            "/etc-link/hostname (missing)",
+		"mounts[4].source (destination /proc-of-this)": "/proc/self (missing)",
+		"PID 42": "in use in the host's PID namespace",
+	}
+	if !reflect.DeepEqual(fields, want) {
+		t.Errorf("refusals %v\nwant %v", fields, want)
+	}
+	// with its own PID namespace, the PIDs are not the host's business
+	need.Spec.Linux.Namespaces = []specs.LinuxNamespace{{Type: specs.PIDNamespace}}
+	need.Spec.Mounts = need.Spec.Mounts[:2]
+	if err := Preflight(t.Context(), Destination{Local: true, HostRoot: host}, need); err != nil {
+		t.Errorf("present sources, own PID namespace: %v", err)
+	}
+}
+
+// TestContainerPIDs: a container's processes are those whose cgroup path ends in its ID
+// (cgroupfs) or names it (systemd's scope); another container's or the pod's are not.
+func TestContainerPIDs(t *testing.T) {
+	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	proc := t.TempDir()
+	for pid, cg := range map[string]string{
+		"10":   "12:memory:/kubepods/besteffort/pod1/" + id + "\n0::/\n",
+		"11":   "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope\n",
+		"12":   "12:memory:/kubepods/besteffort/pod1/fedcba9876543210\n",
+		"13":   "12:memory:/kubepods/besteffort/pod1\n",
+		"self": "12:memory:/kubepods/besteffort/pod1/" + id + "\n",
+	} {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pids, err := ContainerPIDs(proc, id)
+	if err != nil || !reflect.DeepEqual(pids, []int{10, 11}) {
+		t.Errorf("ContainerPIDs = %v, %v; want [10 11]", pids, err)
+	}
+	if _, err := ContainerPIDs(proc, "abc"); err == nil {
+		t.Error("a 3-character id was accepted")
+	}
+	host := filepath.Dir(proc)
+	if err := os.Rename(proc, filepath.Join(host, "proc")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := HeldOnHost(host, id, nil); err != nil || !reflect.DeepEqual(n.PIDs, []int{10, 11}) || n.GPU != nil {
+		t.Errorf("HeldOnHost = %+v, %v", n, err)
+	}
+	if _, err := HeldOnHost(host, "ffffffffffffffff", nil); err == nil || !strings.Contains(err.Error(), "no process") {
+		t.Errorf("HeldOnHost of a container not there: %v", err)
+	}
+}

@@ -22,9 +22,11 @@ type PageRelay interface {
 // is written. Start connects to it and returns once the destination's lazy-pages daemon for the
 // checkpoint runs (the restore may begin); Wait returns nil once the daemon has every page, or
 // the stream's failure; Close abandons it (CRIU then lets the frozen task go, the destination's
-// daemon stops).
+// daemon stops). ID is the stream's ID, which the signed manifest records
+// (checkpoint.Manifest.LazyStream) and the destination requires of the stream.
 type LazyRelay interface {
 	Addr() string
+	ID() string
 	Start(ctx context.Context) error
 	Wait(ctx context.Context) error
 	Close()
