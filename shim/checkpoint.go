@@ -28,7 +28,9 @@ import (
 // modes and sign it. In lazy mode (checkpoint.LazyPagesRequestFile) it returns once CRIU's lazy
 // page server listens, with everything but the memory written and signed; CRIU then serves the
 // pages from the frozen task in the background (lazy.go), and the GPUs are given back only if
-// that fails (the task then runs on here); on success the caller stops the task.
+// that fails (the task then runs on here); on success the caller stops the task. In copy mode
+// armed by the node's agent (pagearm.go) the pages go through the shim's relay, and the
+// checkpoint fails (the task runs on) unless the destination took the whole stream.
 func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (retErr error) {
 	var cleanups []func() // run on return, or by the lazy dump's end in lazy mode
 	background := false
@@ -54,6 +56,17 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	cleanups = append(cleanups, done)
 	s.leaseWorkDir(r.ID, leasedCheckpointDir(r.Path, opts.WorkPath, st.Bundle))
+	// copy mode armed by the node's agent (pagearm.go): a page-server request for usePageServer
+	armed, err := s.armPageStream(ctx, r.ID, opts.WorkPath)
+	if err != nil {
+		return err
+	}
+	if armed != nil {
+		cleanups = append(cleanups, func() {
+			armed.close()
+			_ = os.Remove(filepath.Join(opts.WorkPath, checkpoint.PageServerRequestFile))
+		})
+	}
 	undo, lazy, err := s.usePageServer(ctx, r.ID, opts.WorkPath, st.Bundle, spec)
 	if err != nil {
 		return err
@@ -103,6 +116,14 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 		ph.Add(g.phases.List()[n:]...)
 	}
+	var pages *checkpoint.PageStream
+	if armed != nil {
+		ps, err := armed.wait(ctx)
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: dumped, but its memory did not reach the destination: %w", r.ID, err)
+		}
+		pages = &ps
+	}
 	if err := s.writeRootfsDiff(ctx, r); err != nil {
 		return err
 	}
@@ -113,6 +134,7 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return err
 	}
+	m.PageStream = pages // signed below with the rest
 	if err := s.writeManifest(ctx, r, m, known, ph); err != nil {
 		return err
 	}

@@ -31,6 +31,10 @@ type Config struct {
 	// CheckpointRoot is the only directory restore-from references may point into (absolute).
 	// Default /var/lib/berth/checkpoints.
 	CheckpointRoot string `toml:"checkpoint_root"`
+	// PageStreamDir is where the node's agent arms copy-mode page streams for checkpoints the
+	// kubelet asks for (checkpoint.PageStreamRequest, pagearm.go); absolute. Default
+	// /run/berth/page-streams ("" means the default).
+	PageStreamDir string `toml:"page_stream_dir"`
 	// CRIUPath is the CRIU binary used for version probes; "" means "criu" from PATH. runc finds
 	// its own CRIU in PATH.
 	CRIUPath string `toml:"criu_path"`
@@ -125,6 +129,7 @@ func (c Config) GPURestoreTimeout() time.Duration {
 func DefaultConfig() Config {
 	return Config{
 		CheckpointRoot:      checkpoint.DefaultRoot,
+		PageStreamDir:       checkpoint.DefaultPageStreamDir,
 		CRIUOptions:         []string{"tcp-close"},
 		MaxArchiveBytes:     64 << 30,
 		MaxRootfsDiffBytes:  512 << 20,
@@ -172,6 +177,9 @@ func ConfigPath() string {
 
 // Validate checks the configuration's values and returns an error naming the field and value.
 func (c Config) Validate() error {
+	if c.PageStreamDir != "" && !filepath.IsAbs(c.PageStreamDir) {
+		return fmt.Errorf("page_stream_dir %q: must be an absolute path", c.PageStreamDir)
+	}
 	if !filepath.IsAbs(c.CheckpointRoot) {
 		return fmt.Errorf("checkpoint_root %q: must be an absolute path", c.CheckpointRoot)
 	}

@@ -130,7 +130,7 @@ func errorClasses() []struct {
 		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, reference.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
 			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown,
-			ErrRootfsDiffTooLarge, ErrBadReference, ErrCRIUOptions), errdefs.ErrInvalidArgument},
+			ErrRootfsDiffTooLarge, ErrBadReference, ErrCRIUOptions, checkpoint.ErrBadPageStreamRequest), errdefs.ErrInvalidArgument},
 		// the checkpoint does not fit this node's memory limit
 		{is(ErrOutOfMemory), errdefs.ErrResourceExhausted},
 		// this node lacks what the checkpoint's processes held: a file, a PID, a capability
@@ -143,6 +143,8 @@ func errorClasses() []struct {
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver
 		{is(gpu.ErrTimeout), errdefs.ErrUnavailable},
+		// an armed page stream that did not reach the destination (pagearm.go)
+		{is(ErrPageStreamLost), errdefs.ErrUnavailable},
 		{is(gpu.ErrOutOfMemory), errdefs.ErrResourceExhausted},
 		{is(gpu.ErrIllegalState, gpu.ErrUnsupported, gpu.ErrNotCUDA), errdefs.ErrFailedPrecondition},
 		// what was named does not exist

@@ -98,6 +98,7 @@ keep only checkpoints a trusted key signed) and checkpoint_root (the default --r
 		{groupMoves, commands.Migrate(g)},
 		{groupMoves, commands.Move(g)},
 		{groupMoves, commands.Send()},
+		{groupMoves, commands.SendPages()},
 		{groupMoves, commands.Receive(g)},
 		{groupMoves, commands.Restore(g)},
 	} {

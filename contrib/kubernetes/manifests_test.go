@@ -169,8 +169,11 @@ func TestRuntimeClass(t *testing.T) {
 var hostPathsAllowed = map[string]map[string]bool{
 	"berth-nri":    {"/var/run/nri": true, "/sys": false, "/dev": false},
 	"berth-labels": {featuresDir: true, "/usr": false},
-	// the agent writes received checkpoints and the collector removes checkpoints there, nothing else
-	"berth-agent": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true, "/etc/berth": false},
+	// the agent writes received checkpoints and the collector removes checkpoints there, nothing
+	// else; of /etc/berth it reads the configuration and the trusted public keys, never the whole
+	// directory (the node's signing key stays out of its reach); it arms copy-mode page streams
+	// (a request file and a socket per checkpoint) in the shim's page_stream_dir
+	"berth-agent": {"/var/lib/kubelet/checkpoints": true, "/var/lib/berth/checkpoints": true, "/etc/berth/shim.toml": false, "/etc/berth/keys": false, "/run/berth/page-streams": true},
 	// the probe reads the host's files (hostPath volumes of moved pods may name any path), never writes
 	"berth-probe": {"/": false},
 }

@@ -3,9 +3,11 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 )
@@ -40,30 +42,40 @@ const PageServerRequestFile = "berth-page-server"
 // as received from its signed page stream.
 var ErrPagesUnverified = errors.New("page image not verified by a receiver against the signed page stream")
 
-// IsPageImage reports whether p (slash-separated, relative to the checkpoint) is a page image
-// CRIU's page server writes: ImagesDir/pagemap-*.img or ImagesDir/pages-*.img.
+// IsPageImage reports whether p (slash-separated, relative to the directory of the manifest
+// that records the checkpoint's PageStream) is a page image CRIU's page server writes:
+// ImagesDir/pagemap-*.img or ImagesDir/pages-*.img for berth's own layout (berth.json beside
+// ImagesDir), or pagemap-*.img, pages-*.img for a CRI checkpoint's (the shim's berth.json inside
+// ImagesDir, the CRIU image directory itself).
 func IsPageImage(p string) bool {
 	dir, base := path.Split(p)
-	if dir != ImagesDir+"/" || !strings.HasSuffix(base, ".img") {
+	if (dir != "" && dir != ImagesDir+"/") || !strings.HasSuffix(base, ".img") {
 		return false
 	}
 	return strings.HasPrefix(base, "pagemap-") || strings.HasPrefix(base, "pages-")
 }
 
-// PageImages lists the page images in dir's CRIU image directory (slash-separated paths,
-// relative to dir), sorted.
+// PageImages lists the page images (IsPageImage) in dir's CRIU image directory ImagesDir and,
+// for a CRI checkpoint's image directory, in dir itself (slash-separated paths, relative to dir),
+// sorted.
 func PageImages(dir string) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(dir, ImagesDir))
-	if err != nil {
-		return nil, err
-	}
 	var out []string
-	for _, e := range ents {
-		p := ImagesDir + "/" + e.Name()
-		if e.Type().IsRegular() && IsPageImage(p) {
-			out = append(out, p)
+	for _, sub := range []string{"", ImagesDir} {
+		ents, err := os.ReadDir(filepath.Join(dir, sub))
+		if err != nil {
+			if sub != "" && errors.Is(err, fs.ErrNotExist) {
+				continue // a CRI checkpoint's image directory: no ImagesDir inside
+			}
+			return nil, err
+		}
+		for _, e := range ents {
+			p := path.Join(sub, e.Name())
+			if e.Type().IsRegular() && IsPageImage(p) {
+				out = append(out, p)
+			}
 		}
 	}
+	sort.Strings(out)
 	return out, nil
 }
 

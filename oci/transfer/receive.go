@@ -627,10 +627,10 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 			return "", drained, fmt.Errorf("receive %s: refused by verification: %w", name, err)
 		}
 	}
-	if signed == "." {
-		if err := r.adoptPages(ctx, name, staging, m); err != nil {
-			return "", drained, fmt.Errorf("receive %s: %w", name, err)
-		}
+	// a page stream's images go into the CRIU image directory: ImagesDir in both layouts (a CRI
+	// checkpoint's manifest is in it)
+	if err := r.adoptPages(ctx, name, staging, m); err != nil {
+		return "", drained, fmt.Errorf("receive %s: %w", name, err)
 	}
 	if signed != "." {
 		// a CRI checkpoint's stamp goes beside its checkpoint/, inside the directory (its parent

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -28,6 +29,9 @@ type kubeMoveSample struct {
 	moveWall, moveReady       time.Duration // berthctl move (the restore pod Ready), then /healthz answering
 	movePhases                []phase
 	moveBytes                 int64
+	moveMode                  string
+	// migrate in the mode that is not its default, for the table
+	migrateOtherWall, migrateOtherReady time.Duration
 	// moveDetail splits the move's checkpoint and restore phases: what berth's shim recorded
 	// (the checkpoint's manifest, the restore report in the restore pod's bundle) and the rest
 	// (the kubelet, containerd's CRI, scheduling, the sandbox)
@@ -36,6 +40,34 @@ type kubeMoveSample struct {
 
 func (s kubeMoveSample) migrateTotal() time.Duration { return s.migrateWall + s.migrateReady }
 func (s kubeMoveSample) moveTotal() time.Duration    { return s.moveWall + s.moveReady }
+func (s kubeMoveSample) migrateOtherTotal() time.Duration {
+	return s.migrateOtherWall + s.migrateOtherReady
+}
+
+// migrateDefaultMode returns the mode `berthctl migrate` uses without --mode, from its help
+// (`(default "stored")`), and the other of copy and stored.
+func migrateDefaultMode(b *testing.B, berthctl string) (def, other string) {
+	out, err := exec.Command(berthctl, "migrate", "--help").CombinedOutput()
+	if err != nil {
+		b.Fatalf("berthctl migrate --help: %v\n%s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.Contains(l, "--mode string") {
+			continue
+		}
+		if _, v, ok := strings.Cut(l, `(default "`); ok {
+			def, _, _ = strings.Cut(v, `"`)
+		}
+	}
+	switch def {
+	case "copy":
+		return def, "stored"
+	case "stored":
+		return def, "copy"
+	}
+	b.Fatalf("berthctl migrate --help: no default of --mode copy or stored in:\n%s", out)
+	return "", ""
+}
 
 // kubeMoveBenchMiB is the size BenchmarkKubeMove moves: BERTH_BENCH_MIB's first size if set,
 // else 1 GiB if memory allows (both clusters run at once), else 256 MiB, saying so.
@@ -55,9 +87,12 @@ func kubeMoveBenchMiB(b *testing.B) (int, string) {
 // berthctl migrate between the two containerd nodes, and as a pod of RuntimeClass berth with
 // `kubectl berth move` (berthctl move: the kubelet checkpoint API through the API server, the
 // archive sent node to node by the berth agents, a restore pod Ready, the source deleted)
-// between the two kubelets of the Kubernetes cluster, in alternating order, BERTH_BENCH_ROUNDS
-// rounds (default 3). Each total runs until the workload answers /healthz on the destination.
-// It reports the medians and move/migrate; it never asserts on times.
+// between the two kubelets of the Kubernetes cluster (its default mode, stored: the agents'
+// image has no CRIU for copy mode's page server), and, for the table, migrate in the mode that is
+// not its default, in rotating order, BERTH_BENCH_ROUNDS rounds (default 3). Each total runs
+// until the workload answers /healthz on the destination. It reports the medians, move/migrate
+// against migrate's default mode (read from its --help) and move/migrate-OTHER; it never asserts
+// on times.
 func BenchmarkKubeMove(b *testing.B) {
 	c := needCluster(b)
 	kc := needKube(b)
@@ -76,6 +111,7 @@ func BenchmarkKubeMove(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(work) })
+	defMode, otherMode := migrateDefaultMode(b, c.Berthctl())
 	var samples []kubeMoveSample
 	for range b.N {
 		samples = nil
@@ -89,6 +125,9 @@ func BenchmarkKubeMove(b *testing.B) {
 					s.migrateWall, s.migrateReady, s.migratePhases = m.berthWall, m.berthReady, m.berthPhases
 				},
 				func() { benchKubeMove(ctx, b, kc, ns, mib, round, &s) },
+				func() {
+					s.migrateOtherWall, s.migrateOtherReady = benchMigrateMode(ctx, b, c, mib, 200+round, work, otherMode)
+				},
 			}
 			for i := range paths {
 				paths[(round+i)%len(paths)]()
@@ -109,18 +148,52 @@ func BenchmarkKubeMove(b *testing.B) {
 	b.ReportMetric(migrate.Seconds(), "migrate-s")
 	b.ReportMetric(move.Seconds(), "move-s")
 	b.ReportMetric(ratio(move, migrate), "move/migrate")
+	b.ReportMetric(ratio(move, med(kubeMoveSample.migrateOtherTotal)), "move/migrate-"+otherMode)
 
 	fmt.Println()
 	if note != "" {
 		fmt.Println(note)
 	}
 	fmt.Println(prewarm)
-	printKubeMoveTable(os.Stdout, mib, samples)
+	printKubeMoveTable(os.Stdout, mib, samples, defMode, otherMode)
+}
+
+// benchMigrateMode moves the workload with berthctl migrate --mode mode between the two
+// containerd nodes and returns the command's wall time and the time until the workload answered
+// /healthz on the destination after it.
+func benchMigrateMode(ctx context.Context, b *testing.B, c *node.Cluster, mib, round int, work, mode string) (wall, ready time.Duration) {
+	src, dst := c.Nodes[0], c.Nodes[1]
+	id := fmt.Sprintf("bench-kmm-%s-%d-%d", mode, mib, round)
+	destID, name := id+"-moved", id+"-ckpt"
+	startInfer(ctx, b, src, id, berthRuntime, mib)
+	b.Cleanup(func() {
+		_ = dst.Remove(context.Background(), destID)
+		os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
+	})
+	wall, _, _, _ = benchMigrate(ctx, b, c, src, dst, id, destID, name, work, "--mode", mode)
+	pid, _, err := dst.TaskPID(ctx, destID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := time.Now()
+	if err := waitHealthz(ctx, pid, time.Minute); err != nil {
+		b.Fatalf("%s on %s after the %s-mode move: %v", destID, dst.Name, mode, err)
+	}
+	ready = time.Since(t)
+	_ = dst.Remove(ctx, destID)
+	_ = src.Remove(ctx, id)
+	os.RemoveAll(filepath.Join(dst.CheckpointRoot, name))
+	return wall, ready
 }
 
 // benchKubeMove runs the workload as a pod on kube1, moves it to kube2 with kubectl berth move
 // -o json, waits for /healthz on the restore pod, and removes the pods and the archives.
 func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns string, mib, round int, s *kubeMoveSample) {
+	benchKubeMoveArgs(ctx, b, kc, ns, mib, round, s)
+}
+
+// benchKubeMoveArgs is benchKubeMove with more arguments to kubectl berth move.
+func benchKubeMoveArgs(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns string, mib, round int, s *kubeMoveSample, args ...string) {
 	src, dst := kc.Nodes[0], kc.Nodes[1]
 	pod := fmt.Sprintf("bkm-%d-%d", mib, round)
 	restored := pod + "-moved"
@@ -169,8 +242,8 @@ func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns s
 	}
 	healthz(pod, 3*time.Minute)
 
-	cmd, err := scenario.KubectlBerth(ctx, kc, append([]string{"move", "-n", ns, pod, "--to", dst.Name, "--name", restored, "-o", "json"},
-		scenario.KubeMoveArgs(kc)...)...)
+	cmd, err := scenario.KubectlBerth(ctx, kc, append(append([]string{"move", "-n", ns, pod, "--to", dst.Name, "--name", restored, "-o", "json"},
+		scenario.KubeMoveArgs(kc)...), args...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -189,7 +262,7 @@ func benchKubeMove(ctx context.Context, b *testing.B, kc *node.KubeCluster, ns s
 	for _, p := range res.Phases {
 		s.movePhases = append(s.movePhases, phase{p.Name, time.Duration(p.Ms * float64(time.Millisecond))})
 	}
-	s.moveBytes = res.Bytes
+	s.moveBytes, s.moveMode = res.Bytes, res.Mode
 	t = time.Now()
 	healthz(restored, time.Minute)
 	s.moveReady = time.Since(t)
@@ -254,7 +327,7 @@ func kubeMoveDetail(b *testing.B, src, dst *node.KubeNode, res kubeMoveResult, p
 }
 
 // printKubeMoveTable prints the medians of both paths' phases and totals.
-func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample) {
+func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample, defMode, otherMode string) {
 	if len(samples) == 0 {
 		return
 	}
@@ -272,8 +345,9 @@ func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample) {
 		}
 		return out
 	}
-	fmt.Fprintf(w, "%d MiB of weights, median of %d rounds (seconds); archive %.1f MiB\n", mib, len(samples), float64(samples[0].moveBytes)/(1<<20))
-	fmt.Fprintln(w, "berthctl migrate (two containerd nodes):")
+	fmt.Fprintf(w, "%d MiB of weights, median of %d rounds (seconds); move in %s mode, archive %.1f MiB\n", mib, len(samples),
+		samples[0].moveMode, float64(samples[0].moveBytes)/(1<<20))
+	fmt.Fprintf(w, "berthctl migrate (two containerd nodes), its default mode (%s):\n", defMode)
 	for _, p := range medPhases(func(s kubeMoveSample) []phase { return s.migratePhases }) {
 		fmt.Fprintf(w, "  %-34s %8s\n", p.name, sec(p.d))
 	}
@@ -290,9 +364,12 @@ func printKubeMoveTable(w io.Writer, mib int, samples []kubeMoveSample) {
 	fmt.Fprintf(w, "  %-34s %8s\n", "wall", sec(med(func(s kubeMoveSample) time.Duration { return s.moveWall })))
 	fmt.Fprintf(w, "  %-34s %8s\n", "then /healthz on the restore pod", sec(med(func(s kubeMoveSample) time.Duration { return s.moveReady })))
 	fmt.Fprintf(w, "  %-34s %8s\n", "total", sec(med(kubeMoveSample.moveTotal)))
-	fmt.Fprintf(w, "move/migrate: %.2f (per round:", ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateTotal)))
+	fmt.Fprintf(w, "berthctl migrate --mode %s: wall %s, total %s\n", otherMode,
+		sec(med(func(s kubeMoveSample) time.Duration { return s.migrateOtherWall })), sec(med(kubeMoveSample.migrateOtherTotal)))
+	fmt.Fprintf(w, "move/migrate (migrate's default, %s): %.2f (per round:", defMode, ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateTotal)))
 	for _, s := range samples {
 		fmt.Fprintf(w, " %.2f", ratio(s.moveTotal(), s.migrateTotal()))
 	}
 	fmt.Fprintln(w, ")")
+	fmt.Fprintf(w, "move/migrate --mode %s: %.2f\n", otherMode, ratio(med(kubeMoveSample.moveTotal), med(kubeMoveSample.migrateOtherTotal)))
 }

@@ -25,6 +25,8 @@ import (
 type kubeMoveResult struct {
 	Pod, Restored, From, To, Archive, Checkpoint string
 	Bytes                                        int64
+	Mode                                         string
+	PageBytes                                    int64
 	Phases                                       []struct {
 		Name string
 		Ms   float64
@@ -285,6 +287,11 @@ func TestKubeMove(t *testing.T) {
 		t.Logf("moved ReplicaSet pod %s -> %s on %s (phases %v)", name, res.Restored, dst.Name, res.Phases)
 	})
 
+	// before the mover: kube1's CPUs hold one such pod at a time
+	t.Run("copy mode fails safe where the destination agent cannot run CRIU", func(t *testing.T) {
+		kubeMovePageStreamFault(t, ctx, c, ns)
+	})
+
 	srcPod := kubeRunPod(t, ctx, c, ns, "mover", kubePodYAML("mover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
 	st := client.Target{BaseURL: srcPod.Status.PodIP + ":8080"}
 	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {
@@ -358,6 +365,9 @@ func TestKubeMove(t *testing.T) {
 	}
 	if res.Bytes <= 0 {
 		t.Errorf("move reports %d bytes sent", res.Bytes)
+	}
+	if res.Mode != "stored" || res.PageBytes != 0 {
+		t.Errorf("move in mode %q with %d bytes of page stream; want the default, stored", res.Mode, res.PageBytes)
 	}
 	rp := kubeGetPod(t, ctx, c, ns, res.Restored)
 	if rp.Spec.NodeName != dst.Name || rp.Labels["app"] != "infer" {
@@ -453,4 +463,96 @@ func TestKubeMove(t *testing.T) {
 		t.Logf("collector logs:\n%s", logs)
 		_ = os.Remove(older)
 	})
+}
+
+// kubeMovePageStreamFault moves a pod in copy mode to a node whose agent cannot write the page
+// stream (contrib/kubernetes's agent image has no CRIU, so its receiver's page server does not
+// start): the shim, armed by the source agent, relays CRIU's first pages, the destination ends
+// the stream, CRIU's dump fails and the kubelet's checkpoint with it. The move fails naming the
+// page stream; the source pod runs on (same container, no restart, still serving), no archive is
+// left on the source, no restore pod is made, nothing is left armed on the source node nor in
+// the destination's checkpoint root.
+func kubeMovePageStreamFault(t *testing.T, ctx context.Context, c *node.KubeCluster, ns string) {
+	src, dst := c.Nodes[0], c.Nodes[1]
+	before := kubeRunPod(t, ctx, c, ns, "bigmover", kubePodYAML("bigmover", ns, nil, map[string]string{"kubernetes.io/hostname": src.Name}))
+	defer func() { _, _ = c.Kubectl(context.Background(), "-n", ns, "delete", "pod", "bigmover", "--timeout=60s") }()
+	st := client.Target{BaseURL: before.Status.PodIP + ":8080"}
+	if err := client.WaitReady(ctx, st, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	list := func(dir string) string {
+		es, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, " ")
+	}
+	stored, archives := list(dst.CheckpointRoot), list(src.CheckpointDir)
+	out, stderr, err := kubectlBerth(ctx, t, c, "move", "-n", ns, "bigmover", "--to", dst.Name, "--mode", "copy")
+	t.Logf("copy-mode move to an agent without CRIU: %v\n%s", err, strings.TrimSpace(stderr))
+	if err == nil || !strings.Contains(stderr, "page stream") || !strings.Contains(stderr, "page server") {
+		t.Errorf("copy-mode move whose destination cannot take the page stream: %v; want an error naming the page stream\n%s%s", err, out, stderr)
+	}
+	after := kubeGetPod(t, ctx, c, ns, "bigmover")
+	if after.Status.Phase != corev1.PodRunning || after.DeletionTimestamp != nil || len(after.Status.ContainerStatuses) != 1 ||
+		after.Status.ContainerStatuses[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || after.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("source pod after the failed move: %s, containers %+v; before %+v", after.Status.Phase, after.Status.ContainerStatuses, before.Status.ContainerStatuses)
+	}
+	if _, err := client.Stats(ctx, st); err != nil {
+		t.Errorf("source workload after the failed move: %v", err)
+	}
+	if pods, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-o", "name"); err != nil || strings.Contains(pods, "bigmover-m") {
+		t.Errorf("pods after the failed move: %q (%v): a restore pod was made", pods, err)
+	}
+	if now := list(src.CheckpointDir); now != archives {
+		t.Errorf("the kubelet's checkpoint directory on %s after the failed move: %q, before %q", src.Name, now, archives)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for list(dst.CheckpointRoot) != stored && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if now := list(dst.CheckpointRoot); now != stored {
+		t.Errorf("%s's checkpoint root after the failed move: %q, before %q", dst.Name, now, stored)
+	}
+	srcArm := filepath.Join("/proc", strconv.Itoa(agentReceiverPID(t, src.CheckpointRoot)), "root", "run", "berth", "page-streams")
+	deadline = time.Now().Add(15 * time.Second)
+	for list(srcArm) != "" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if now := list(srcArm); now != "" {
+		t.Errorf("armed page streams left on %s: %s", src.Name, now)
+	}
+}
+
+// agentReceiverPID returns the pid of the berth agent's `berthctl receive` whose checkpoint
+// root is root (a node's CheckpointRoot on this machine), found in /proc. The agent restarts
+// when it is killed, so the pid is looked up anew each time.
+func agentReceiverPID(t *testing.T, root string) int {
+	t.Helper()
+	want, err := os.Stat(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		procs, _ := os.ReadDir("/proc")
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil {
+				continue
+			}
+			cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+			if err != nil || !strings.HasPrefix(string(cmd), "/usr/local/bin/berthctl\x00receive\x00") {
+				continue
+			}
+			if fi, err := os.Stat(filepath.Join("/proc", p.Name(), "root", "var", "lib", "berth", "checkpoints")); err == nil && os.SameFile(fi, want) {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no berth agent receiver with checkpoint root %s", root)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -112,6 +112,19 @@ ReplicaSet adopts it and, one replica over, deletes the source: it never creates
 deletes the restored pod. Pods of other controllers are refused, the error saying why for each
 (StatefulSet: pods known by name; DaemonSet: one pod per node; others would start a fresh pod).
 
+--mode copy (with --transfer agent; the default is stored): before the kubelet is asked, berthctl runs
+'berthctl send-pages' in the source node's agent, which arms berth's shim for that container
+(a request in the shim's page_stream_dir, /run/berth/page-streams) and connects to the
+destination's agent. The shim then has CRIU send the memory pages through its own relay, which
+digests them (the digest is in the checkpoint's signed berth.json), to the source agent and on
+over mutual TLS to the destination's agent, which keeps them until the archive of the same
+name arrives and its signed digest matches. The kubelet's archive then holds only the rest
+(non-memory images, rootfs diff). A stream that fails fails the checkpoint: the pod runs on.
+The destination's agent writes the pages with CRIU's page server: its container needs criu on
+its PATH and the capability CHECKPOINT_RESTORE, which the image and the DaemonSet of
+contrib/kubernetes do not give it (there a copy-mode move fails at its first page, safely).
+--mode stored (the default): the archive holds the pages and is sent whole.
+
 --transfer agent (the default) goes through the berth agents (contrib/kubernetes/
 berth-agent-daemonset.yaml, namespace --agent-namespace): berthctl runs 'berthctl checkpoint
 selector' in the source node's agent, then 'berthctl send' there, which sends the archive as it is
@@ -180,8 +193,12 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 			if output.json() {
 				return writeJSON(cmd.OutOrStdout(), res)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "  %-32s %9.1f ms\nmoved %s/%s (%s) -> %s/%s (%s), archive %s (%s)\n", "total", res.TotalMs,
-				ns, res.Pod, res.From, ns, res.Restored, res.To, res.Checkpoint, humanBytes(res.Bytes))
+			fmt.Fprintf(cmd.OutOrStdout(), "  %-32s %9.1f ms\nmoved %s/%s (%s) -> %s/%s (%s), %s mode, archive %s (%s)", "total", res.TotalMs,
+				ns, res.Pod, res.From, ns, res.Restored, res.To, res.Mode, res.Checkpoint, humanBytes(res.Bytes))
+			if res.PageBytes > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), ", pages streamed %s", humanBytes(res.PageBytes))
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
 			return nil
 		},
 	}
@@ -190,6 +207,7 @@ namespace, as kubectl's (here it is not containerd's namespace).`,
 	cmd.Flags().StringVarP(&o.Container, "container", "c", "", "the container to checkpoint (default: the pod's only container)")
 	cmd.Flags().StringVar(&o.Name, "name", "", "the restore pod's name (default: POD-mNNNNN)")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 5*time.Minute, "how long to wait for the restore pod to be Ready")
+	cmd.Flags().StringVar(&o.Mode, "mode", "", "stored (the kubelet's archive holds the memory pages) or copy (they go to the destination's agent during the dump, beside the archive; --transfer agent, and an agent image with CRIU: see --help)")
 	cmd.Flags().StringVar(&via, "transfer", "agent", "how the archive reaches the destination: agent (the berth agents, node to node over mutual TLS) or shared-fs")
 	cmd.Flags().StringVar(&agents.Namespace, "agent-namespace", kube.DefaultAgentNamespace, "the namespace of the berth agents (--transfer agent) and probes")
 	cmd.Flags().BoolVar(&probe, "probe", true, "check bind sources, host PIDs and GPU memory through each node's berth probe before anything is checkpointed")

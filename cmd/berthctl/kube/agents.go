@@ -32,7 +32,9 @@ import (
 // RBAC decide who may move checkpoints, no agent opens a control port, and berthctl needs only
 // a kubeconfig. The archive itself goes from the source node's agent to the destination node's
 // agent directly (berthctl send, transfer.SendCRIArchive), never through the API server or this
-// machine.
+// machine. In copy mode (pages.go) the source agent also runs `berthctl send-pages`, which arms
+// the shim through the node directory /run/berth/page-streams and carries the memory pages to the
+// destination agent during the kubelet's checkpoint.
 
 // Agent defaults: where contrib/kubernetes/berth-agent-daemonset.yaml runs the agents.
 const (

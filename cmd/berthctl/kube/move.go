@@ -87,6 +87,11 @@ type Options struct {
 	Probe NodeProbe
 	// Progress receives one line per phase as it ends; nil for none.
 	Progress func(Phase)
+	// Mode is ModeCopy (Transfer must carry page streams: PageStreams, Agents) or ModeStored;
+	// "" is ModeStored. Copy mode needs a destination agent that can run CRIU's page server
+	// (criu on its PATH and CAP_CHECKPOINT_RESTORE), which contrib/kubernetes's agent does not
+	// have: there the page stream fails at its first page and the move with it (the pod runs on).
+	Mode string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -108,6 +113,10 @@ type Result struct {
 	Archive    string `json:"archive"`
 	Checkpoint string `json:"checkpoint"`
 	Bytes      int64  `json:"bytes"`
+	// Mode is the move's mode (ModeCopy, ModeStored); PageBytes the bytes of the copy-mode page
+	// stream (frames included) that went beside the archive.
+	Mode      string `json:"mode"`
+	PageBytes int64  `json:"pageBytes,omitempty"`
 	// Controller is KIND/NAME of the ReplicaSet that owned the source pod and adopted the
 	// restored one; "" for a pod without one.
 	Controller string            `json:"controller,omitempty"`
@@ -116,7 +125,11 @@ type Result struct {
 	TotalMs    float64           `json:"totalMs"`
 }
 
-// Move moves the pod o.Namespace/o.Pod. The destination preflight (preflight.go) runs before
+// Move moves the pod o.Namespace/o.Pod. In copy mode (Options.Mode) the source node's agent
+// arms a page stream for the container before the kubelet checkpoint API is called, so that the
+// shim sends the memory pages to the destination's agent during the dump and the kubelet's
+// archive holds only the rest; a failed stream fails the checkpoint (the container runs on)
+// and the destination drops what it got. The destination preflight (preflight.go) runs before
 // the kubelet checkpoint API: its refusals come back as a *move.PreflightError (errors.Is
 // move.ErrPreflight, errdefs FailedPrecondition) with nothing checkpointed, sent or created.
 // On any error before the restore pod is Ready, the
@@ -155,6 +168,24 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		res.Controller = c.Kind + "/" + c.Name
 	}
 	res.From = src.Spec.NodeName
+	streams, canStream := o.Transfer.(PageStreams)
+	switch o.Mode {
+	case "", ModeStored:
+		res.Mode = ModeStored
+	case ModeCopy:
+		if !canStream {
+			return nil, fmt.Errorf("move mode %s: the transfer cannot carry a page stream (use the berth agents, --transfer agent, or --mode %s)", ModeCopy, ModeStored)
+		}
+		res.Mode = ModeCopy
+	default:
+		return nil, fmt.Errorf("move mode %q: want %s or %s", o.Mode, ModeCopy, ModeStored)
+	}
+	var containerID string
+	if res.Mode == ModeCopy {
+		if containerID, err = runningContainerID(src, container); err != nil {
+			return nil, err
+		}
+	}
 	// the destination preflight (preflight.go), before the kubelet freezes the container
 	res.Checkpoint = fmt.Sprintf("%s-%s-%d", o.Namespace, o.Pod, now().UnixNano())
 	if _, dir := o.Transfer.(interface{ StoresDirectory() }); !dir {
@@ -166,12 +197,32 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	res.To = o.To
 	phase("preflight", t0)
 
+	var pages PageStream
+	if res.Mode == ModeCopy {
+		// the source agent arms the shim (pagearm.go): the dump sends the pages to dst's agent
+		t0 = now()
+		if pages, err = streams.ArmPages(ctx, src.Spec.NodeName, o.To, containerID, res.Checkpoint); err != nil {
+			return nil, fmt.Errorf("arm the page stream of %s/%s on %s toward %s: %w", o.Namespace, o.Pod, src.Spec.NodeName, o.To, err)
+		}
+		defer pages.Close() // disarms it when the kubelet never asked; nothing after Wait
+		phase("arm-pages", t0)
+	}
+
 	// the kubelet checkpoint API, through the API server's node proxy
 	t0 = now()
 	raw, err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/nodes", src.Spec.NodeName, "proxy", "checkpoint", o.Namespace, o.Pod, container).
 		Do(ctx).Raw()
 	if err != nil {
-		return nil, fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
+		err = fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
+		if as, ok := pages.(*agentStream); ok {
+			// what the source agent saw of the page stream, when it ended with the checkpoint
+			if out, aerr, done := as.result(2 * time.Second); done && aerr != nil {
+				err = fmt.Errorf("%w; the source agent: %w", err, aerr)
+			} else if done {
+				err = fmt.Errorf("%w; the source agent forwarded the page stream: %s", err, strings.TrimSpace(string(out)))
+			}
+		}
+		return nil, err
 	}
 	var items struct {
 		Items []string `json:"items"`
@@ -180,6 +231,13 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		return nil, fmt.Errorf("kubelet checkpoint API on %s answered %.200q (%v); want one archive", src.Spec.NodeName, raw, err)
 	}
 	res.Archive = items.Items[0]
+	if pages != nil {
+		// the shim signed the stream's digest only once the destination had it all; the agent's
+		// end says how many bytes went
+		if res.PageBytes, err = pages.Wait(ctx); err != nil {
+			return nil, fmt.Errorf("page stream of %s/%s to %s: %w", o.Namespace, o.Pod, o.To, err)
+		}
+	}
 	phase("checkpoint", t0)
 
 	t0 = now()
@@ -288,6 +346,21 @@ func checkMovable(p *corev1.Pod, container string) (string, error) {
 		return "", fmt.Errorf("%w: %s has no container %s (it has %s)", ErrNotMovable, id, container, name)
 	}
 	return name, nil
+}
+
+// runningContainerID returns the containerd id of p's container name, from its status
+// ("containerd://ID").
+func runningContainerID(p *corev1.Pod, name string) (string, error) {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name != name {
+			continue
+		}
+		if id, ok := strings.CutPrefix(cs.ContainerID, "containerd://"); ok && id != "" && cs.State.Running != nil {
+			return id, nil
+		}
+		return "", fmt.Errorf("%w: %s/%s: container %s is not running under containerd (id %q)", ErrNotMovable, p.Namespace, p.Name, name, cs.ContainerID)
+	}
+	return "", fmt.Errorf("%w: %s/%s: no status of container %s", ErrNotMovable, p.Namespace, p.Name, name)
 }
 
 // restorePod is the source pod's spec, unscheduled, with the restore-from annotation and the

@@ -1,0 +1,223 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/transfer"
+)
+
+// sendPagesResult is `berthctl send-pages -o json`'s last line.
+type sendPagesResult struct {
+	Container string  `json:"container"`
+	Name      string  `json:"name"`
+	Address   string  `json:"address"`
+	Bytes     int64   `json:"bytes"`
+	Ms        float64 `json:"ms"`
+}
+
+// SendPagesArmed is the line `berthctl send-pages` writes to its standard output once the
+// request is armed: the caller may ask for the checkpoint from then on.
+const SendPagesArmed = "armed"
+
+// SendPages is `berthctl send-pages`, which `kubectl berth move` runs in the source node's
+// agent (pods/exec) before it calls the kubelet checkpoint API.
+func SendPages() *cobra.Command {
+	var (
+		container, name, dir string
+		expire               time.Duration
+		disarm               bool
+		tf                   *tlsFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "send-pages --container ID (--name NAME [--expire D] HOST:PORT | --disarm) [--dir DIR]",
+		Short: "Arm copy mode for a container's next checkpoint: its memory pages go to a 'berthctl receive'",
+		Long: `send-pages arms a copy-mode page stream for the next checkpoint of container ID (its containerd
+id), whoever asks for it (the kubelet checkpoint API): it connects to the 'berthctl receive' at
+HOST:PORT (mutual TLS, as 'berthctl send'), listens on a unix socket in --dir (the shim's
+page_stream_dir) and writes ID.json there, then prints "armed". berth's shim, on that
+container's checkpoint, takes the request, has CRIU send the memory pages through a relay of its
+own that digests them (the digest goes into the checkpoint's berth.json, which the shim signs),
+and forwards them to the socket; send-pages carries them to the receiver as NAME, which keeps
+them until the checkpoint of the same name arrives (berthctl send) and its signed digest matches.
+The checkpoint itself then holds no page images.
+
+It ends when the stream has ended (its last line: JSON with the bytes forwarded), or without a
+stream after --expire; then it removes the request. A checkpoint after the expiry is taken as if
+nothing were armed. 'send-pages --disarm --container ID' (what move runs when it gives up)
+removes the request unless a checkpoint took it, and ends the send-pages waiting on it (it
+connects to its socket and closes at once: the receiver sees a cut stream and drops it).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if disarm {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) (retErr error) {
+			var addr string
+			if !disarm {
+				addr = args[0]
+			}
+			if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
+				return fmt.Errorf("--container %q: want a containerd container id", container)
+			}
+			if disarm {
+				return disarmPages(cmd.OutOrStdout(), dir, container)
+			}
+			if err := transfer.ValidName(name); err != nil {
+				return fmt.Errorf("--name: %w", err)
+			}
+			ctx := cmd.Context()
+			start := time.Now()
+			conn, err := dialReceiver(ctx, addr, tf)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if err := transfer.AnnouncePages(conn, name); err != nil {
+				return err
+			}
+			framed, err := armPages(ctx, cmd.OutOrStdout(), dir, container, name, start.Add(expire))
+			if err != nil {
+				return err
+			}
+			n, err := transfer.BridgePages(ctx, conn, framed)
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), sendPagesResult{Container: container, Name: name, Address: addr, Bytes: n, Ms: millis(time.Since(start))})
+		},
+	}
+	cmd.Flags().StringVar(&container, "container", "", "containerd id of the container whose next checkpoint streams its pages")
+	cmd.Flags().StringVar(&name, "name", "", "the checkpoint's name at the receiver (what 'berthctl send --name' names it)")
+	cmd.Flags().StringVar(&dir, "dir", checkpoint.DefaultPageStreamDir, "the shim's page_stream_dir, as mounted here")
+	cmd.Flags().DurationVar(&expire, "expire", 2*time.Minute, "how long the request stays armed without a checkpoint")
+	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container, unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
+	tf = addTLSFlags(cmd.Flags())
+	tf.addServerName(cmd.Flags())
+	// the armed line comes first on stdout; the result is JSON
+	return cmd
+}
+
+// armPages listens on a unix socket in dir, writes container's request (checkpoint.PageStreamRequest,
+// expiring at expires) as <container>.json, prints SendPagesArmed on out, and returns the shim's
+// connection once it came (a peer of uid 0: the shim). The request and the socket are removed
+// before it returns, whatever happens.
+func armPages(ctx context.Context, out io.Writer, dir, container, name string, expires time.Time) (net.Conn, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	id := container
+	if len(id) > 12 {
+		id = id[:12]
+	}
+	sockName := "pages-" + id + ".sock"
+	sock := filepath.Join(dir, sockName)
+	_ = os.Remove(sock) // a stale one of an earlier run for this container
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	defer ln.Close() // removes the socket file (unlink on close)
+	if err := os.Chmod(sock, 0o600); err != nil {
+		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	b, err := json.Marshal(checkpoint.PageStreamRequest{Container: container, Name: name, Socket: sockName, Expires: expires.UTC()})
+	if err != nil {
+		return nil, err
+	}
+	req := filepath.Join(dir, container+checkpoint.PageStreamRequestSuffix)
+	tmp := filepath.Join(dir, "."+container+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	if err := os.Rename(tmp, req); err != nil {
+		_ = os.Remove(tmp)
+		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	defer func() { // disarm: a request the shim took is gone already
+		if err := os.Remove(req); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			fmt.Fprintf(os.Stderr, "disarm %s: %v\n", req, err)
+		}
+	}()
+	if _, err := fmt.Fprintln(out, SendPagesArmed); err != nil {
+		return nil, err
+	}
+	_ = ln.SetDeadline(expires)
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("arm page stream for %s: %w", container, ctx.Err())
+			}
+			return nil, fmt.Errorf("arm page stream for %s: no checkpoint took it by %s: %w", container, expires.Format(time.RFC3339), err)
+		}
+		if peerUID(c) == 0 {
+			return c, nil
+		}
+		c.Close()
+	}
+}
+
+// peerUID returns the uid of the process at the other end of c (SO_PEERCRED), -1 when unknown.
+func peerUID(c *net.UnixConn) int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	uid := -1
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			uid = int(cred.Uid)
+		}
+	})
+	return uid
+}
+
+// disarmPages removes the request armed for container in dir, unless a checkpoint took it
+// already, and then connects to the socket it names and closes, so that the send-pages waiting
+// there ends (its stream reaches the receiver cut, and the receiver drops it). It prints
+// "disarmed" or "nothing armed".
+func disarmPages(out io.Writer, dir, container string) error {
+	if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
+		return fmt.Errorf("--container %q: want a containerd container id", container)
+	}
+	req := filepath.Join(dir, container+checkpoint.PageStreamRequestSuffix)
+	b, err := os.ReadFile(req)
+	if errors.Is(err, fs.ErrNotExist) {
+		_, err := fmt.Fprintln(out, "nothing armed")
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("disarm: %w", err)
+	}
+	if err := os.Remove(req); errors.Is(err, fs.ErrNotExist) {
+		_, err := fmt.Fprintln(out, "nothing armed") // a checkpoint took it meanwhile
+		return err
+	} else if err != nil {
+		return fmt.Errorf("disarm: %w", err)
+	}
+	var r checkpoint.PageStreamRequest
+	if json.Unmarshal(b, &r) == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
+		if c, err := net.DialTimeout("unix", filepath.Join(dir, r.Socket), 5*time.Second); err == nil {
+			c.Close()
+		}
+	}
+	_, err = fmt.Fprintln(out, "disarmed")
+	return err
+}

@@ -1,0 +1,141 @@
+package commands
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// armPages writes the request the shim claims (container, name, socket in the same directory,
+// expiry), says "armed" only once it is in place, hands over the shim's connection, and leaves
+// neither the request nor the socket behind.
+func TestArmPagesTaken(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("armPages takes only root's connections (the shim's): run as root")
+	}
+	dir := t.TempDir()
+	out := newSyncBuffer()
+	expires := time.Now().Add(time.Minute).Truncate(time.Second)
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		c, err := armPages(context.Background(), out, dir, "c1abcdef0123456789", "ns-pod-1", expires)
+		done <- res{c, err}
+	}()
+	var req checkpoint.PageStreamRequest
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), SendPagesArmed) {
+		if time.Now().After(deadline) {
+			t.Fatal("not armed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "c1abcdef0123456789.json"))
+	if err != nil {
+		t.Fatalf("armed, but no request: %v", err)
+	}
+	if err := json.Unmarshal(b, &req); err != nil {
+		t.Fatal(err)
+	}
+	if req.Container != "c1abcdef0123456789" || req.Name != "ns-pod-1" || !req.Expires.Equal(expires) || req.Socket != filepath.Base(req.Socket) {
+		t.Fatalf("request %+v", req)
+	}
+	shim, err := net.Dial("unix", filepath.Join(dir, req.Socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shim.Close()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.c.Close()
+	if _, err := shim.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	if _, err := r.c.Read(buf); err != nil || buf[0] != 'x' {
+		t.Fatalf("the shim's connection: %q %v", buf, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left once taken: %v", ents)
+	}
+}
+
+// Without a checkpoint by its expiry, or once its context ends (move gave up), armPages fails and
+// disarms: neither the request nor the socket is left.
+func TestArmPagesExpires(t *testing.T) {
+	for _, cancelled := range []bool{false, true} {
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		expires := time.Now().Add(300 * time.Millisecond)
+		if cancelled {
+			expires = time.Now().Add(time.Hour)
+			time.AfterFunc(300*time.Millisecond, cancel)
+		}
+		_, err := armPages(ctx, &bytes.Buffer{}, dir, "c1", "ns-pod-1", expires)
+		cancel()
+		want := "no checkpoint took it"
+		if cancelled {
+			want = context.Canceled.Error()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("cancelled %v: %v, want %q", cancelled, err, want)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("cancelled %v: left %v", cancelled, ents)
+		}
+	}
+}
+
+// --disarm removes an armed request and ends the send-pages waiting on it (whose connection then
+// ends at once); with nothing armed it says so.
+func TestDisarmPages(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("armPages takes only root's connections: run as root")
+	}
+	dir := t.TempDir()
+	var out bytes.Buffer
+	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+		t.Fatalf("disarm with nothing armed: %q, %v", out.String(), err)
+	}
+	armedOut := newSyncBuffer()
+	done := make(chan net.Conn, 1)
+	go func() {
+		c, err := armPages(context.Background(), armedOut, dir, "c1", "ns-pod-1", time.Now().Add(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- c
+	}()
+	for !strings.Contains(armedOut.String(), SendPagesArmed) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	out.Reset()
+	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
+		t.Fatalf("disarm: %q, %v", out.String(), err)
+	}
+	c := <-done
+	if c == nil {
+		t.Fatal("the armed send-pages did not end")
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("the disarmed stream: %d bytes, %v; want its end", n, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left after disarming: %v", ents)
+	}
+}

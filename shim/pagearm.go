@@ -1,0 +1,275 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// Armed page streams (checkpoint.PageStreamRequest): copy mode for checkpoints the kubelet asks
+// for. The node's agent arms a stream for a container; on that container's next Checkpoint
+// request the shim claims the request, runs a relay on 127.0.0.1 that CRIU's page client
+// connects to (the page-server request of pageserver.go, written into the CRIU work directory by
+// the shim itself), digests the stream as it forwards it, in frames, to the agent's unix socket,
+// and puts the digest and length into the manifest it signs. Without an armed request (or with
+// an expired one) a checkpoint is taken as before: page images in the checkpoint.
+
+// pageStreamDir is the directory of armed page streams (page_stream_dir).
+func (s *Service) pageStreamDir() string {
+	if s.cfg.PageStreamDir != "" {
+		return s.cfg.PageStreamDir
+	}
+	return checkpoint.DefaultPageStreamDir
+}
+
+// containerIDRE is what a containerd id may be (containerd's identifiers.Validate) and so what
+// may name an armed request's file.
+var containerIDRE = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$`)
+
+// claimPageStream takes the armed request for container id out of dir, if there is one: it
+// renames <id>.json to a name of its own first, so that of two checkpoints racing for it exactly
+// one gets it, then reads and removes it. It returns nil (no error) when none is armed or the
+// one armed expired before now (removed). Errors: a request that is not JSON, names another
+// container or a socket outside dir (checkpoint.ErrBadPageStreamRequest, errdefs
+// InvalidArgument by errors.go; the request is removed), and I/O errors other than a missing file.
+func claimPageStream(dir, id string, now time.Time) (*checkpoint.PageStreamRequest, error) {
+	if !containerIDRE.MatchString(id) || len(id) > 76 {
+		return nil, nil // not a name the agent could have armed
+	}
+	armed := filepath.Join(dir, id+checkpoint.PageStreamRequestSuffix)
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	claimed := armed + ".claimed-" + hex.EncodeToString(sfx[:])
+	if err := os.Rename(armed, claimed); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, err)
+	}
+	defer os.Remove(claimed)
+	b, err := os.ReadFile(claimed)
+	if err != nil {
+		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, err)
+	}
+	var req checkpoint.PageStreamRequest
+	switch {
+	case json.Unmarshal(b, &req) != nil:
+		return nil, fmt.Errorf("%w %s: not JSON (%.80q)", checkpoint.ErrBadPageStreamRequest, armed, b)
+	case req.Container != id:
+		return nil, fmt.Errorf("%w %s: armed for container %q, not %s", checkpoint.ErrBadPageStreamRequest, armed, req.Container, id)
+	case req.Socket == "" || req.Socket != filepath.Base(req.Socket) || strings.HasPrefix(req.Socket, "."):
+		return nil, fmt.Errorf("%w %s: socket %q is not a file name in %s", checkpoint.ErrBadPageStreamRequest, armed, req.Socket, dir)
+	case req.Expires.IsZero():
+		return nil, fmt.Errorf("%w %s: no expiry", checkpoint.ErrBadPageStreamRequest, armed)
+	case !now.Before(req.Expires):
+		return nil, nil
+	}
+	return &req, nil
+}
+
+// ErrPageStreamLost: the armed page stream did not reach the destination whole (the agent's
+// socket did not answer, the link was cut, the destination's page server failed); the dump is
+// undone, the task runs on (errdefs Unavailable by errors.go: a later move may succeed).
+var ErrPageStreamLost = errors.New("armed page stream lost")
+
+// armedRelay is the shim's end of an armed page stream: CRIU's page client connects to ln; the
+// relay forwards its stream in frames to agent, digesting it, and the page server's answers
+// back.
+type armedRelay struct {
+	ln    net.Listener
+	agent net.Conn
+	done  chan struct{}
+	res   checkpoint.PageStream
+	err   error
+}
+
+// armedDialTimeout bounds the connection to the agent's socket.
+const armedDialTimeout = 5 * time.Second
+
+// armPageStream claims the armed request for task id (claimPageStream in the shim's
+// page_stream_dir), connects to its agent's socket, starts the relay and writes its address as
+// the page-server request into the CRIU work directory workDir, which usePageServer then reads.
+// It returns nil when no request is armed, or when workDir already asks for copy or lazy mode
+// (berthctl's own request wins; the armed one is left for its agent to expire). Errors: the
+// claim's, an agent that does not answer on its socket (the request is used up either way).
+func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armedRelay, error) {
+	for _, f := range []string{checkpoint.PageServerRequestFile, checkpoint.LazyPagesRequestFile} {
+		if _, err := os.Lstat(filepath.Join(workDir, f)); err == nil {
+			return nil, nil
+		}
+	}
+	dir := s.pageStreamDir()
+	req, err := claimPageStream(dir, id, s.deps.Now())
+	if err != nil || req == nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, req.Socket)
+	agent, err := net.DialTimeout("unix", sock, armedDialTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w: the page stream armed for %s: the agent's socket: %w", id, ErrPageStreamLost, req.Name, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		agent.Close()
+		return nil, fmt.Errorf("checkpoint %s: page stream relay: %w", id, err)
+	}
+	req2 := filepath.Join(workDir, checkpoint.PageServerRequestFile)
+	if err := os.WriteFile(req2, []byte(ln.Addr().String()+"\n"), 0o600); err != nil {
+		ln.Close()
+		agent.Close()
+		return nil, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	a := &armedRelay{ln: ln, agent: agent, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.res, a.err = a.relay(ctx)
+	}()
+	log.G(ctx).WithFields(log.Fields{"checkpoint": req.Name, "relay": ln.Addr().String(), "agent": sock}).
+		Info("copy mode armed by the node's agent: CRIU sends memory pages through the shim's relay")
+	return a, nil
+}
+
+func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
+	defer a.agent.Close()
+	stop := context.AfterFunc(ctx, a.close)
+	defer stop()
+	var c net.Conn
+	for {
+		var err error
+		if c, err = a.ln.Accept(); err != nil {
+			return checkpoint.PageStream{}, fmt.Errorf("%w: CRIU never connected: %w", ErrPageStreamLost, err)
+		}
+		if tcpPeerIsRoot(c) {
+			break
+		}
+		c.Close() // not the shim's CRIU: nobody else's bytes are digested and signed
+	}
+	_ = a.ln.Close()
+	defer c.Close()
+	stopC := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stopC()
+	back := make(chan error, 1)
+	go func() { // the destination page server's answers, to CRIU
+		_, err := io.Copy(c, a.agent)
+		_ = c.(*net.TCPConn).CloseWrite()
+		back <- err
+	}()
+	h := sha256.New()
+	n, err := writePageFrames(a.agent, c, h)
+	if err != nil {
+		return checkpoint.PageStream{}, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStreamLost, n, err)
+	}
+	_ = a.agent.(*net.UnixConn).CloseWrite()
+	// the destination's page server has every page once its answers end: the receiver closes
+	// after it exited, then the agent
+	if err := <-back; err != nil {
+		return checkpoint.PageStream{}, fmt.Errorf("%w: the destination's answers: %w", ErrPageStreamLost, err)
+	}
+	return checkpoint.PageStream{Digest: checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+}
+
+// armedWaitTimeout bounds the wait, once CRIU's dump ended, for the destination's page server
+// to have taken the whole stream.
+const armedWaitTimeout = 2 * time.Minute
+
+// wait returns the stream's digest and length once CRIU ended it and the destination's page
+// server finished (the agent closed its socket); the relay's error otherwise.
+func (a *armedRelay) wait(ctx context.Context) (checkpoint.PageStream, error) {
+	t := time.NewTimer(armedWaitTimeout)
+	defer t.Stop()
+	select {
+	case <-a.done:
+		return a.res, a.err
+	case <-ctx.Done():
+		a.close()
+		return checkpoint.PageStream{}, ctx.Err()
+	case <-t.C:
+		a.close()
+		return checkpoint.PageStream{}, fmt.Errorf("%w: the destination did not end it within %v of the dump", ErrPageStreamLost, armedWaitTimeout)
+	}
+}
+
+// close abandons the stream: the agent sees it end without its end frame, and so does the
+// destination (a cut, never a short stream taken as whole).
+func (a *armedRelay) close() {
+	_ = a.ln.Close()
+	_ = a.agent.Close()
+}
+
+// maxPageFrame is the largest frame of a page stream; the frames are oci/transfer's (a 4-byte
+// big-endian length, then that many bytes of CRIU's stream; a frame of length 0 ends it), so that
+// the agent forwards them to the destination's receiver as they are.
+const maxPageFrame = 1 << 20
+
+// writePageFrames copies CRIU's stream from r to w in frames, hashing it into h, and ends it
+// with an empty frame when r ends. It returns the stream's length in bytes.
+func writePageFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
+	buf := make([]byte, 4+maxPageFrame)
+	var n int64
+	for {
+		k, rerr := r.Read(buf[4:])
+		if k > 0 {
+			h.Write(buf[4 : 4+k])
+			binary.BigEndian.PutUint32(buf[:4], uint32(k))
+			if _, err := w.Write(buf[:4+k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			binary.BigEndian.PutUint32(buf[:4], 0)
+			_, err := w.Write(buf[:4])
+			return n, err
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// tcpPeerIsRoot reports whether the peer of c, a TCP connection on 127.0.0.1, is a socket of
+// uid 0 (the shim's CRIU), from /proc/net/tcp.
+func tcpPeerIsRoot(c net.Conn) bool {
+	ra, ok1 := c.RemoteAddr().(*net.TCPAddr)
+	la, ok2 := c.LocalAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 || ra.IP.To4() == nil || la.IP.To4() == nil {
+		return false
+	}
+	hexAddr := func(ip net.IP, port int) string {
+		v4 := ip.To4()
+		return fmt.Sprintf("%02X%02X%02X%02X:%04X", v4[3], v4[2], v4[1], v4[0], port)
+	}
+	want := hexAddr(ra.IP, ra.Port) + " " + hexAddr(la.IP, la.Port)
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 7 && fields[1]+" "+fields[2] == want {
+			return fields[7] == "0"
+		}
+	}
+	return false
+}

@@ -1,0 +1,202 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// now is the clock of the fixtures in testdata/pagearm: valid.json expires a minute after it,
+// expired.json at it.
+var pageArmNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestClaimPageStream(t *testing.T) {
+	for _, tc := range []struct {
+		fixture string // "" for no armed request
+		id      string
+		now     time.Time
+		want    bool  // a request comes back
+		wantErr error // errors.Is
+		left    bool  // the armed file is still there afterwards
+	}{
+		{fixture: "", id: "c1", now: pageArmNow},
+		{fixture: "valid.json", id: "c1", now: pageArmNow, want: true},
+		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(59 * time.Second), want: true},
+		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(time.Minute)}, // expiry is exclusive
+		{fixture: "expired.json", id: "c1", now: pageArmNow},
+		{fixture: "other-container.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
+		{fixture: "socket-outside.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
+		{fixture: "no-expiry.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
+		{fixture: "not-json.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
+		// an id that no agent could have armed is never looked up
+		{fixture: "valid.json", id: "../c1", now: pageArmNow, left: true},
+	} {
+		t.Run(tc.fixture+"/"+tc.id+"/"+tc.now.Format("15:04:05"), func(t *testing.T) {
+			dir := t.TempDir()
+			armed := filepath.Join(dir, "c1.json")
+			if tc.fixture != "" {
+				b, err := os.ReadFile(filepath.Join("testdata", "pagearm", tc.fixture))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(armed, b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			req, err := claimPageStream(dir, tc.id, tc.now)
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Fatalf("claim: %v, want %v", err, tc.wantErr)
+			}
+			if (req != nil) != tc.want {
+				t.Fatalf("claim returned %+v, want a request: %v", req, tc.want)
+			}
+			if req != nil && (req.Container != "c1" || req.Socket != "default-p-1.sock" || req.Name != "default-p-1") {
+				t.Fatalf("claim returned %+v", req)
+			}
+			ents, _ := os.ReadDir(dir)
+			if tc.left != (len(ents) == 1) || (!tc.left && len(ents) != 0) {
+				t.Fatalf("left in the directory: %v; want the armed request left: %v", ents, tc.left)
+			}
+		})
+	}
+}
+
+// Of checkpoints racing for one armed request, exactly one gets it.
+func TestClaimPageStreamOnce(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join("testdata", "pagearm", "valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		if err := os.WriteFile(filepath.Join(dir, "c1.json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			got int
+		)
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, err := claimPageStream(dir, "c1", pageArmNow)
+				if err != nil {
+					t.Error(err)
+				}
+				if req != nil {
+					mu.Lock()
+					got++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if got != 1 {
+			t.Fatalf("round %d: %d claims succeeded, want 1", round, got)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("round %d: left %v", round, ents)
+		}
+	}
+}
+
+// The relay forwards CRIU's stream to the agent in oci/transfer's frames, digests it, passes the
+// answers back, and reports the stream once the agent closed; a stream the agent cuts is an
+// error, never a digest.
+func TestArmedRelay(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the relay takes only root's connections (CRIU's): run as root")
+	}
+	for _, cut := range []bool{false, true} {
+		t.Run(map[bool]string{false: "whole", true: "cut"}[cut], func(t *testing.T) {
+			dir := t.TempDir()
+			sock := filepath.Join(dir, "p.sock")
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
+			if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
+			work := t.TempDir()
+			a, err := s.armPageStream(context.Background(), "c1", work)
+			if err != nil || a == nil {
+				t.Fatalf("arm: %v, %v", a, err)
+			}
+			addr, err := os.ReadFile(filepath.Join(work, checkpoint.PageServerRequestFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			agent, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := bytes.Repeat([]byte("page"), 700000) // more than one frame
+			got := make(chan []byte, 1)
+			go func() { // the agent: unframe, answer, close
+				var out bytes.Buffer
+				var hdr [4]byte
+				for {
+					if _, err := io.ReadFull(agent, hdr[:]); err != nil {
+						break
+					}
+					k := binary.BigEndian.Uint32(hdr[:])
+					if k == 0 {
+						break
+					}
+					if _, err := io.CopyN(&out, agent, int64(k)); err != nil {
+						break
+					}
+					if cut && out.Len() > 1<<20 {
+						agent.Close()
+						got <- out.Bytes()
+						return
+					}
+				}
+				_, _ = agent.Write([]byte("ok"))
+				agent.Close()
+				got <- out.Bytes()
+			}()
+			criu, err := net.Dial("tcp", string(bytes.TrimSpace(addr)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, werr := criu.Write(payload)
+			_ = criu.(*net.TCPConn).CloseWrite()
+			answer, _ := io.ReadAll(criu)
+			criu.Close()
+			ps, err := a.wait(context.Background())
+			received := <-got
+			if cut {
+				if err == nil || !errors.Is(err, ErrPageStreamLost) {
+					t.Fatalf("cut stream: %+v, %v (write %v); want ErrPageStreamLost", ps, err, werr)
+				}
+				return
+			}
+			sum := sha256.Sum256(payload)
+			if err != nil || ps.Size != int64(len(payload)) || ps.Digest != checkpoint.DigestAlgorithm+hex.EncodeToString(sum[:]) {
+				t.Fatalf("stream %+v, %v; want %d bytes", ps, err, len(payload))
+			}
+			if !bytes.Equal(received, payload) || string(answer) != "ok" {
+				t.Fatalf("agent got %d bytes, CRIU the answer %q", len(received), answer)
+			}
+		})
+	}
+}
