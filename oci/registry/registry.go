@@ -77,11 +77,8 @@ var (
 // MaxReferenceBytes bounds a registry reference, in bytes (reference.MaxReferenceBytes).
 const MaxReferenceBytes = reference.MaxReferenceBytes
 
-// parseRef is reference.Parse, as oras-go's type.
-func parseRef(ref string) (orasreg.Reference, error) {
-	r, err := reference.Parse(ref)
-	return orasreg.Reference{Registry: r.Registry, Repository: r.Repository, Reference: r.Reference}, err
-}
+// parseRef is reference.Parse.
+func parseRef(ref string) (orasreg.Reference, error) { return reference.Parse(ref) }
 
 // shortURL drops the query from the URL of a failed request (an upload URL carries a long state
 // token that says nothing to a reader); other errors are returned as they are.

@@ -7,9 +7,7 @@
 // It is apart from package registry so that the shim, which parses every restore-from value
 // and classifies registry errors but never talks to a registry itself (berth-shim-helper pulls
 // for it), does not link oras-go's registry client, net/http's client and TLS: every container
-// would pay their memory. For the same reason Parse does not call oras-go's registry package,
-// whose expressions are compiled when a program starts, but its own copy of that grammar,
-// compiled by the first parse and held to oras-go's by tests.
+// would pay their memory.
 //
 // What does not belong here: talking to a registry (package registry).
 package reference

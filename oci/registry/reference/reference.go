@@ -3,14 +3,11 @@ package reference
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"regexp"
 	"strings"
-	"sync"
 
 	"github.com/containerd/errdefs"
-	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/errdef"
+	orasreg "oras.land/oras-go/v2/registry"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/internal/quote"
@@ -117,82 +114,22 @@ const MaxReferenceBytes = 1024
 
 // Parse parses ref ("host[:port]/repository[:tag|@digest]", without a scheme). Its errors quote ref cut and without user information (quote.Ref), never
 // oras-go's parse error when ref holds any: that would quote it whole.
-func Parse(ref string) (Reference, error) {
+func Parse(ref string) (orasreg.Reference, error) {
 	if strings.HasPrefix(ref, "oci://") {
-		return Reference{}, fmt.Errorf("reference %s: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", quote.Ref(ref), errdefs.ErrInvalidArgument)
+		return orasreg.Reference{}, fmt.Errorf("reference %s: drop the oci:// prefix (it belongs in berth.dev/restore-from only): %w", quote.Ref(ref), errdefs.ErrInvalidArgument)
 	}
 	if len(ref) > MaxReferenceBytes {
-		return Reference{}, fmt.Errorf("reference %s: %w: longer than %d bytes", quote.Ref(ref), errdef.ErrInvalidReference, MaxReferenceBytes)
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: longer than %d bytes", quote.Ref(ref), errdef.ErrInvalidReference, MaxReferenceBytes)
 	}
 	if quote.StripCredentials(ref) != ref {
-		return Reference{}, fmt.Errorf("reference %s: %w: credentials come from a Docker config.json or a user name and password given apart, never from the reference", quote.Ref(ref), ErrCredentialsInReference)
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w: credentials come from a Docker config.json or a user name and password given apart, never from the reference", quote.Ref(ref), ErrCredentialsInReference)
 	}
-	r, err := parseReference(ref)
+	r, err := orasreg.ParseReference(ref)
 	if err != nil {
 		if len(ref) > quote.MaxBytes { // oras-go's error quotes it whole
-			return Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), errdef.ErrInvalidReference)
+			return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), errdef.ErrInvalidReference)
 		}
-		return Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), err)
-	}
-	return r, nil
-}
-
-// Reference is a parsed "host[:port]/repository[:tag|@digest]": oras-go's registry.Reference,
-// the same fields. Registry is "host[:port]", Repository the repository path, Reference the tag,
-// the digest ("sha256:<hex>") or "" when the reference names neither.
-type Reference struct {
-	Registry, Repository, Reference string
-}
-
-// Digest returns Reference as a digest; an error when it is a tag or empty.
-func (r Reference) Digest() (digest.Digest, error) { return digest.Parse(r.Reference) }
-
-// grammar holds oras-go's expressions for a repository and a tag (oras-go v2.7.0,
-// registry/reference.go; the OCI distribution spec's, the repository's the docker subset),
-// compiled by the first parse: oras-go's registry package compiles them when a program starts
-// (130 KB, the tag's {0,127} unrolled), and every container's shim would hold them.
-var grammar = sync.OnceValue(func() (g struct{ repository, tag *regexp.Regexp }) {
-	g.repository = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*)*$`)
-	g.tag = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
-	return g
-})
-
-// parseReference is oras-go's registry.ParseReference (v2.7.0) over grammar, with its errors
-// (wrapping errdef.ErrInvalidReference) word for word: "host/repo@digest" (a tag before the
-// digest is dropped unchecked), "host/repo:tag" or "host/repo"; the registry must be a URL
-// host. TestParseMatchesOras and FuzzParseMatchesOras hold it to oras-go's.
-func parseReference(artifact string) (Reference, error) {
-	registry, path, ok := strings.Cut(artifact, "/")
-	if !ok {
-		return Reference{}, fmt.Errorf("%w: missing registry or repository", errdef.ErrInvalidReference)
-	}
-	r := Reference{Registry: registry, Repository: path}
-	isTag := false
-	if i := strings.Index(path, "@"); i != -1 {
-		r.Repository, r.Reference = path[:i], path[i+1:]
-		if j := strings.Index(r.Repository, ":"); j != -1 {
-			r.Repository = r.Repository[:j]
-		}
-	} else if i := strings.Index(path, ":"); i != -1 {
-		isTag = true
-		r.Repository, r.Reference = path[:i], path[i+1:]
-	}
-	if uri, err := url.ParseRequestURI("dummy://" + r.Registry); err != nil || uri.Host == "" || uri.Host != r.Registry {
-		return Reference{}, fmt.Errorf("%w: invalid registry %q", errdef.ErrInvalidReference, r.Registry)
-	}
-	if !grammar().repository.MatchString(r.Repository) {
-		return Reference{}, fmt.Errorf("%w: invalid repository %q", errdef.ErrInvalidReference, r.Repository)
-	}
-	switch {
-	case r.Reference == "":
-	case isTag:
-		if !grammar().tag.MatchString(r.Reference) {
-			return Reference{}, fmt.Errorf("%w: invalid tag %q", errdef.ErrInvalidReference, r.Reference)
-		}
-	default:
-		if _, err := r.Digest(); err != nil {
-			return Reference{}, fmt.Errorf("%w: invalid digest %q: %v", errdef.ErrInvalidReference, r.Reference, err)
-		}
+		return orasreg.Reference{}, fmt.Errorf("reference %s: %w", quote.Ref(ref), err)
 	}
 	return r, nil
 }
