@@ -103,11 +103,36 @@ func TestBuildGoImage(t *testing.T) {
 		t.Errorf("rebuilt archive: %v %+v", p.index.Manifests[0].Annotations, p.config.Config)
 	}
 
+	// BuildGoImageWith: a dynamically linked program of this machine beside the Go binary (as
+	// the agent image holds criu), with its loader and libraries
+	extra, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withOut := filepath.Join(t.TempDir(), "with.tar")
+	if _, err := BuildGoImageWith(ctx, mod, "./cmd/hello", ref, withOut, Config{}, Binary{Src: extra, Dst: "/usr/local/bin/extra"}); err != nil {
+		t.Fatal(err)
+	}
+	pw := readArchiveFile(t, withOut)
+	for _, f := range []string{"usr/local/bin/hello", "usr/local/bin/extra"} {
+		if _, ok := pw.files[f]; !ok {
+			t.Errorf("image with an extra binary lacks %s", f)
+		}
+	}
+	if _, err := BuildGoImageWith(ctx, mod, "./cmd/hello", ref, withOut, Config{}, Binary{Src: filepath.Join(t.TempDir(), "missing"), Dst: "/usr/local/bin/x"}); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("an extra binary that does not exist: %v; want an error naming it", err)
+	}
+
 	needRoot(t)
 	dir := t.TempDir()
 	extractLayer(t, p, dir)
 	if b, err := chrootCommand(dir, "/usr/local/bin/hello").CombinedOutput(); err != nil || string(b) != "hello from the image\n" {
 		t.Errorf("binary in image: %q, %v", b, err)
+	}
+	wdir := t.TempDir()
+	extractLayer(t, pw, wdir)
+	if b, err := chrootCommand(wdir, "/usr/local/bin/extra").CombinedOutput(); err != nil {
+		t.Errorf("extra binary in image: %q, %v", b, err)
 	}
 }
 
