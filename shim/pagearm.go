@@ -5,12 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"net"
@@ -19,6 +17,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/berth-dev/berth/oci/transfer/frame"
 
 	"github.com/containerd/log"
 
@@ -174,7 +174,7 @@ func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
 		back <- err
 	}()
 	h := sha256.New()
-	n, err := writePageFrames(a.agent, c, h)
+	n, err := frame.Write(a.agent, c, h)
 	if err != nil {
 		return checkpoint.PageStream{}, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStreamLost, n, err)
 	}
@@ -213,37 +213,6 @@ func (a *armedRelay) wait(ctx context.Context) (checkpoint.PageStream, error) {
 func (a *armedRelay) close() {
 	_ = a.ln.Close()
 	_ = a.agent.Close()
-}
-
-// maxPageFrame is the largest frame of a page stream; the frames are oci/transfer's (a 4-byte
-// big-endian length, then that many bytes of CRIU's stream; a frame of length 0 ends it), so that
-// the agent forwards them to the destination's receiver as they are.
-const maxPageFrame = 1 << 20
-
-// writePageFrames copies CRIU's stream from r to w in frames, hashing it into h, and ends it
-// with an empty frame when r ends. It returns the stream's length in bytes.
-func writePageFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
-	buf := make([]byte, 4+maxPageFrame)
-	var n int64
-	for {
-		k, rerr := r.Read(buf[4:])
-		if k > 0 {
-			h.Write(buf[4 : 4+k])
-			binary.BigEndian.PutUint32(buf[:4], uint32(k))
-			if _, err := w.Write(buf[:4+k]); err != nil {
-				return n, err
-			}
-			n += int64(k)
-		}
-		if rerr == io.EOF {
-			binary.BigEndian.PutUint32(buf[:4], 0)
-			_, err := w.Write(buf[:4])
-			return n, err
-		}
-		if rerr != nil {
-			return n, rerr
-		}
-	}
 }
 
 // tcpPeerIsRoot reports whether the peer of c, a TCP connection on 127.0.0.1, is a socket of

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/oci/transfer/frame"
+
 	"github.com/moby/sys/capability"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -207,34 +209,12 @@ func hasSysAdmin() bool {
 	return caps.Get(capability.EFFECTIVE, capability.CAP_SYS_ADMIN)
 }
 
-// The page stream travels in frames, so that a cut link is never taken for the stream's end: a
-// 4-byte big-endian length, then that many bytes of CRIU's stream; a frame of length 0 ends it.
-const maxFrame = 1 << 20
+// The page stream travels in frames (package frame): a cut link is never taken for its end.
+const maxFrame = frame.MaxSize
 
-// writeFrames copies CRIU's stream from r to w in frames, hashing it into h, and ends it with an
-// empty frame when r ends. It returns the stream's length.
+// writeFrames is frame.Write: r to w in frames, hashed into h, then the end frame.
 func writeFrames(w io.Writer, r io.Reader, h hash.Hash) (int64, error) {
-	buf := make([]byte, 4+maxFrame)
-	var n int64
-	for {
-		k, rerr := r.Read(buf[4:])
-		if k > 0 {
-			h.Write(buf[4 : 4+k])
-			binary.BigEndian.PutUint32(buf[:4], uint32(k))
-			if _, err := w.Write(buf[:4+k]); err != nil {
-				return n, err
-			}
-			n += int64(k)
-		}
-		if rerr == io.EOF {
-			binary.BigEndian.PutUint32(buf[:4], 0)
-			_, err := w.Write(buf[:4])
-			return n, err
-		}
-		if rerr != nil {
-			return n, rerr
-		}
-	}
+	return frame.Write(w, r, h)
 }
 
 // readFrames copies a framed page stream from r to w, hashing it into h, up to its end frame;
