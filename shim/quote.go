@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/berth-dev/berth/oci"
@@ -22,12 +23,13 @@ const (
 	maxMessage = 8192
 )
 
-// userinfo matches the credentials of a URL-like reference ("scheme://user:password@").
-var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s"']*@`)
+// userinfo matches the credentials of a URL-like reference ("scheme://user:password@"),
+// compiled by the first call: every container's shim would otherwise hold it.
+var userinfo = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s"']*@`) })
 
 // redact returns s with the credentials of every URL-like reference in it replaced by
 // "<redacted>".
-func redact(s string) string { return userinfo.ReplaceAllString(s, "${1}<redacted>@") }
+func redact(s string) string { return userinfo().ReplaceAllString(s, "${1}<redacted>@") }
 
 // cut returns s whole when it is at most n bytes, else its first n bytes (whole runes) and how
 // long it was.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -36,25 +37,34 @@ const (
 	restoreHeadroom = 16 << 20
 )
 
-// CRIU's lines that name a cause (CRIU 4.x; criu/cr-restore.c, files-reg.c, cr-dump.c, util.c).
-var (
-	// "Error (criu/cr-restore.c:1237): Can't fork for 7: File exists"
-	criuForkExists = regexp.MustCompile(`Can't fork for (\d+): File exists`)
-	// "Error (criu/files-reg.c:2267): Can't open file dev/shm/x: No such file or directory" (CRIU
-	// 4.2.1, seen in TestXccOpenShmFile), or "... Can't open file dev/shm/x on restore: No such
-	// file or directory" (files-reg.c's other message, for a file it reopens by its path)
-	criuOpenMissing = regexp.MustCompile(`Can't open file (\S+?)(?: on restore)?: No such file or directory`)
-	// "Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed"
-	criuKilled = regexp.MustCompile(`killed by signal 9\b`)
-	// "Error (criu/cr-restore.c:2331): Restoring FAILED.": CRIU's verdict on a failed restore,
-	// the last thing it logs unless it was killed first
-	criuRestoreFailed = regexp.MustCompile(`Restoring FAILED`)
-	// "Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted"
-	criuRlimitEPERM = regexp.MustCompile(`Can't get rlimit \d+: Operation not permitted`)
-	// "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not
-	// permitted": CRIU raising its own limit, harmless (it goes on with the limit it has)
-	criuHarmless = regexp.MustCompile(`Can't setup RLIMIT_NOFILE for self`)
-)
+// criuLines are CRIU's lines that name a cause (CRIU 4.x; criu/cr-restore.c, files-reg.c,
+// cr-dump.c, util.c), compiled by the first failure that reads a CRIU log: every container's shim
+// would otherwise hold them.
+var criuLines = sync.OnceValue(func() criuLinePatterns {
+	return criuLinePatterns{
+		// "Error (criu/cr-restore.c:1237): Can't fork for 7: File exists"
+		forkExists: regexp.MustCompile(`Can't fork for (\d+): File exists`),
+		// "Error (criu/files-reg.c:2267): Can't open file dev/shm/x: No such file or directory" (CRIU
+		// 4.2.1, seen in TestXccOpenShmFile), or "... Can't open file dev/shm/x on restore: No such
+		// file or directory" (files-reg.c's other message, for a file it reopens by its path)
+		openMissing: regexp.MustCompile(`Can't open file (\S+?)(?: on restore)?: No such file or directory`),
+		// "Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed"
+		killed: regexp.MustCompile(`killed by signal 9\b`),
+		// "Error (criu/cr-restore.c:2331): Restoring FAILED.": CRIU's verdict on a failed restore,
+		// the last thing it logs unless it was killed first
+		restoreFailed: regexp.MustCompile(`Restoring FAILED`),
+		// "Error (criu/cr-dump.c:389): Can't get rlimit 0: Operation not permitted"
+		rlimitEPERM: regexp.MustCompile(`Can't get rlimit \d+: Operation not permitted`),
+		// "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not
+		// permitted": CRIU raising its own limit, harmless (it goes on with the limit it has)
+		harmless: regexp.MustCompile(`Can't setup RLIMIT_NOFILE for self`),
+	}
+})
+
+// criuLinePatterns holds criuLines' expressions.
+type criuLinePatterns struct {
+	forkExists, openMissing, killed, restoreFailed, rlimitEPERM, harmless *regexp.Regexp
+}
 
 // criuLogErrors returns the error lines of the CRIU log at path (those with "Error (" and the
 // lines that report a killed process), without the harmless ones, trimmed; ok is false when the
@@ -68,7 +78,7 @@ func criuLogErrors(path string) (lines []string, ok bool) {
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		l := strings.TrimSpace(sc.Text())
-		if (strings.Contains(l, "Error (") || criuKilled.MatchString(l)) && !criuHarmless.MatchString(l) {
+		if (strings.Contains(l, "Error (") || criuLines().killed.MatchString(l)) && !criuLines().harmless.MatchString(l) {
 			lines = append(lines, l)
 		}
 	}
@@ -122,18 +132,18 @@ func restoreCause(lines []string, logOK bool, f restoreFacts) *cause {
 	}
 	limit := oci.MemoryLimit(f.spec)
 	for _, l := range lines {
-		if m := criuForkExists.FindStringSubmatch(l); m != nil {
+		if m := criuLines().forkExists.FindStringSubmatch(l); m != nil {
 			return &cause{ErrPIDInUse, fmt.Sprintf("PID %s of the checkpoint is already taken in the PID namespace the container joins (a pod's shared PID namespace, or the host's): CRIU restores every process with its own PID; restore into a container with a PID namespace of its own (Kubernetes: shareProcessNamespace false; ctr: the default), or where PID %s is free",
 				m[1], m[1])}
 		}
-		if m := criuOpenMissing.FindStringSubmatch(l); m != nil {
+		if m := criuLines().openMissing.FindStringSubmatch(l); m != nil {
 			return openMissingCause("/"+strings.TrimPrefix(m[1], "/"), f.spec)
 		}
-		if criuKilled.MatchString(l) {
+		if criuLines().killed.MatchString(l) {
 			return oomCause(limit, f.need, oomKilledTask)
 		}
 	}
-	if !slices.ContainsFunc(lines, criuRestoreFailed.MatchString) {
+	if !slices.ContainsFunc(lines, criuLines().restoreFailed.MatchString) {
 		// CRIU itself was killed (runc then reads EOF from it): runc puts CRIU into the
 		// container's cgroup while it restores, so the cgroup's OOM killer may pick CRIU
 		return oomCause(limit, f.need, oomKilledCRIU)
@@ -204,7 +214,7 @@ func dumpCause(lines []string, logOK bool, configName string) *cause {
 			configName, criuConfigName)}
 	}
 	for _, l := range lines {
-		if criuRlimitEPERM.MatchString(l) {
+		if criuLines().rlimitEPERM.MatchString(l) {
 			return &cause{ErrMissingCapability, "CRIU cannot read the resource limits of the container's non-root processes because root on this node lacks CAP_SYS_RESOURCE (common in VMs and nested containers), so no non-root container can be checkpointed here: run containerd (and so the shim and CRIU) with CAP_SYS_RESOURCE, or run the container in a user namespace (Kubernetes: hostUsers: false; OCI: linux.uidMappings) so that its processes are root inside it"}
 		}
 	}

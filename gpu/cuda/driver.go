@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -295,7 +296,8 @@ func minDriverForCUDA(v int) int {
 	return 0
 }
 
-var driverVersionRE = regexp.MustCompile(`^\d+\.\d+(\.\d+)*$`)
+// driverVersionRE matches a driver version ("550.54.15"), compiled by the first use.
+var driverVersionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\d+\.\d+(\.\d+)*$`) })
 
 // ReadDriverVersion returns the NVIDIA kernel module version ("580.65.06") from the first line
 // of path, normally /proc/driver/nvidia/version, which reads like
@@ -315,7 +317,7 @@ func ReadDriverVersion(path string) (string, error) {
 			continue
 		}
 		for _, f := range strings.Fields(rest) {
-			if driverVersionRE.MatchString(f) {
+			if driverVersionRE().MatchString(f) {
 				return f, nil
 			}
 		}

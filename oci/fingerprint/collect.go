@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // ErrNoVersion is returned (wrapped) by the probes ExecVersion builds when the command ran but
@@ -231,7 +232,9 @@ func CPUFlagRelevant(flag string) bool {
 
 // versionRE matches a version token: optional "v", then dotted decimals, then optional
 // pre-release ("-rc.1") and build ("+unknown") parts.
-var versionRE = regexp.MustCompile(`^v?([0-9]+(?:\.[0-9]+)+(?:-[0-9A-Za-z.-]+)?)(?:\+[0-9A-Za-z.-]*)?$`)
+var versionRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^v?([0-9]+(?:\.[0-9]+)+(?:-[0-9A-Za-z.-]+)?)(?:\+[0-9A-Za-z.-]*)?$`)
+})
 
 // ExecVersion returns a VersionProbe that runs path with args (e.g. ExecVersion("runc",
 // "--version")) under the probe's ctx, and returns the first version token of the first line of
@@ -289,7 +292,7 @@ func ExecVersionWith(run Runner, path string, args ...string) VersionProbe {
 // normalized as ExecVersion documents.
 func versionToken(line string) (string, bool) {
 	for _, tok := range strings.Fields(line) {
-		if m := versionRE.FindStringSubmatch(tok); m != nil {
+		if m := versionRE().FindStringSubmatch(tok); m != nil {
 			return m[1], true
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/moby/sys/capability"
 )
@@ -14,21 +15,25 @@ import (
 // (CAP_CHOWN is bit 0, CAP_SYS_ADMIN bit 21). Its JSON form is the list of names.
 type CapSet uint64
 
-// capNames maps capability numbers to "CAP_*" names and back, from moby/sys/capability's
-// table. Built once; never changed.
-var capNames, capNumbers = func() (map[int]string, map[string]int) {
-	names, numbers := map[int]string{}, map[string]int{}
+// capTables maps capability numbers to "CAP_*" names (names) and back (numbers), from
+// moby/sys/capability's table. Built by the first call (every container's shim links this
+// package, few use it); never changed.
+var capTables = sync.OnceValue(func() (t struct {
+	names   map[int]string
+	numbers map[string]int
+}) {
+	t.names, t.numbers = map[int]string{}, map[string]int{}
 	for _, c := range capability.ListKnown() {
 		n := "CAP_" + strings.ToUpper(c.String())
-		names[int(c)], numbers[n] = n, int(c)
+		t.names[int(c)], t.numbers[n] = n, int(c)
 	}
-	return names, numbers
-}()
+	return t
+})
 
 // CapName returns the name of capability n ("CAP_SYS_ADMIN"), or "CAP_<n>" for a number the
 // table does not know.
 func CapName(n int) string {
-	if s, ok := capNames[n]; ok {
+	if s, ok := capTables().names[n]; ok {
 		return s
 	}
 	return "CAP_" + strconv.Itoa(n)
@@ -38,7 +43,7 @@ func CapName(n int) string {
 // the names it does not know, which it leaves out of the set.
 func ParseCapSet(names []string) (set CapSet, unknown []string) {
 	for _, name := range names {
-		n, ok := capNumbers[name]
+		n, ok := capTables().numbers[name]
 		if !ok {
 			unknown = append(unknown, name)
 			continue
@@ -83,7 +88,7 @@ func (c *CapSet) UnmarshalJSON(b []byte) error {
 	}
 	var set CapSet
 	for _, name := range names {
-		n, ok := capNumbers[name]
+		n, ok := capTables().numbers[name]
 		if !ok {
 			v, err := strconv.Atoi(strings.TrimPrefix(name, "CAP_"))
 			if !strings.HasPrefix(name, "CAP_") || err != nil || v < 0 || v > 63 {

@@ -24,6 +24,7 @@ func plotStream(rows []streamRow, path string) error {
 	}{
 		{"raw CRIU dump+restore (A)", func(r streamRow) float64 { return r.raw.Seconds() }, color.RGBA{R: 90, G: 90, B: 90, A: 255}},
 		{"CRIU page server (B)", func(r streamRow) float64 { return r.ps.Seconds() }, color.RGBA{R: 150, G: 150, B: 220, A: 255}},
+		{"raw CRIU post-copy (C)", func(r streamRow) float64 { return r.postcopy.Seconds() }, color.RGBA{R: 200, G: 170, B: 220, A: 255}},
 		{"berth stored", func(r streamRow) float64 { return r.stored.Seconds() }, color.RGBA{R: 220, G: 120, B: 40, A: 255}},
 		{"berth copy", func(r streamRow) float64 { return r.copy.Seconds() }, color.RGBA{R: 30, G: 140, B: 60, A: 255}},
 		{"berth lazy (post-copy)", func(r streamRow) float64 { return r.lazy.Seconds() }, color.RGBA{R: 160, G: 40, B: 160, A: 255}},

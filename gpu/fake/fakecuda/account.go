@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -36,11 +37,12 @@ const LockWait = 10 * time.Second
 
 // processFile matches the name of a process's device memory file: MemPrefix, the process's pid
 // in its PID namespace, its context's tag (8 hex digits) and a sequence number.
-var processFile = regexp.MustCompile(`^` + MemPrefix + `[0-9]+-[0-9a-f]{8}-[0-9]+$`)
+// Compiled by the first use: the shim links this package.
+var processFile = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^` + MemPrefix + `[0-9]+-[0-9a-f]{8}-[0-9]+$`) })
 
 // IsProcessFile reports whether name (a file name in a GPU directory) is a process's device
 // memory file, which the accounting frees once no process holds it.
-func IsProcessFile(name string) bool { return processFile.MatchString(name) }
+func IsProcessFile(name string) bool { return processFile().MatchString(name) }
 
 // lockGPUs takes the lock of every GPU directory in dirs (in sorted order, each once) and returns
 // the function that releases them. It fails naming the lock it could not take within LockWait.
