@@ -16,11 +16,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/oci/transfer/frame"
 
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
@@ -66,14 +68,14 @@ func claimPageStream(dir, id string, now time.Time) (*checkpoint.PageStreamReque
 		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, err)
 	}
 	defer os.Remove(claimed)
-	b, err := os.ReadFile(claimed)
+	b, err := readArmedFile(claimed)
 	if err != nil {
-		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, err)
+		return nil, fmt.Errorf("%w %s: %w", checkpoint.ErrBadPageStreamRequest, armed, err)
 	}
 	var req checkpoint.PageStreamRequest
 	switch {
 	case json.Unmarshal(b, &req) != nil:
-		return nil, fmt.Errorf("%w %s: not JSON (%.80q)", checkpoint.ErrBadPageStreamRequest, armed, b)
+		return nil, fmt.Errorf("%w %s: not JSON", checkpoint.ErrBadPageStreamRequest, armed)
 	case req.Container != id:
 		return nil, fmt.Errorf("%w %s: armed for container %q, not %s", checkpoint.ErrBadPageStreamRequest, armed, req.Container, id)
 	case req.Socket == "" || req.Socket != filepath.Base(req.Socket) || strings.HasPrefix(req.Socket, "."):
@@ -84,6 +86,58 @@ func claimPageStream(dir, id string, now time.Time) (*checkpoint.PageStreamReque
 		return nil, nil
 	}
 	return &req, nil
+}
+
+// maxArmedFile bounds an armed request's file (a few hundred bytes when the agent writes it).
+const maxArmedFile = 64 << 10
+
+// readArmedFile reads the armed request at path, a regular file of its own (one link, at most
+// maxArmedFile bytes): never what a symbolic link there points to (the shim is root in the
+// host's mount namespace, the directory's writer may be a container), nor a FIFO that would block
+// the checkpoint. Errors name what the file is instead.
+func readArmedFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, errors.New("a symbolic link, not a file")
+		}
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
+	case st == nil || st.Nlink != 1:
+		return nil, errors.New("a file with other links")
+	case fi.Size() > maxArmedFile:
+		return nil, fmt.Errorf("%d bytes, more than %d", fi.Size(), maxArmedFile)
+	}
+	return io.ReadAll(io.LimitReader(f, maxArmedFile))
+}
+
+// dialArmedSocket connects to the unix socket at path, which must be a socket itself: never
+// one that a symbolic link there points to. It opens the path without following links and
+// connects through that descriptor (/proc/self/fd), so that nothing renamed in between
+// redirects it.
+func dialArmedSocket(path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%s: not a unix socket (a symbolic link or another file)", path)
+	}
+	return net.DialTimeout("unix", fmt.Sprintf("/proc/self/fd/%d", fd), armedDialTimeout)
 }
 
 // ErrPageStreamLost: the armed page stream did not reach the destination whole (the agent's
@@ -123,7 +177,7 @@ func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armed
 		return nil, err
 	}
 	sock := filepath.Join(dir, req.Socket)
-	agent, err := net.DialTimeout("unix", sock, armedDialTimeout)
+	agent, err := dialArmedSocket(sock)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w: the page stream armed for %s: the agent's socket: %w", id, ErrPageStreamLost, req.Name, err)
 	}

@@ -19,7 +19,8 @@ import (
 
 // DefaultPageStreamDir is the node directory of armed page streams: the shim's
 // page_stream_dir, and what berth-agent-daemonset.yaml mounts into the agent. Only root writes
-// there (the shim creates it 0700).
+// there (berthctl send-pages creates it 0700; the shim reads only regular files and dials only
+// sockets there, never through a symbolic link).
 const DefaultPageStreamDir = "/run/berth/page-streams"
 
 // PageStreamRequestSuffix ends an armed request's file name: <container id> + this.

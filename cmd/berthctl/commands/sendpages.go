@@ -2,6 +2,8 @@ package commands
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -120,13 +122,14 @@ func armPages(ctx context.Context, out io.Writer, dir, container, name string, e
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
-	id := container
-	if len(id) > 12 {
-		id = id[:12]
+	// a name of its own (random): a name from the id's first characters was shared by ids with a
+	// common prefix, and the second arming took the first's socket
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, err
 	}
-	sockName := "pages-" + id + ".sock"
+	sockName := "pages-" + hex.EncodeToString(rnd[:]) + ".sock"
 	sock := filepath.Join(dir, sockName)
-	_ = os.Remove(sock) // a stale one of an earlier run for this container
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)

@@ -139,3 +139,66 @@ func TestDisarmPages(t *testing.T) {
 		t.Fatalf("left after disarming: %v", ents)
 	}
 }
+
+// Two containers whose ids share their first 12 characters (ids that ctr or a script chose) are
+// armed at once: each request names a socket of its own, which reaches its own send-pages. (The
+// socket was named after the id's first 12 characters: the second arming removed the first's
+// socket and took its place, so the first container's pages went out under the second's name.)
+func TestArmPagesSharedIDPrefix(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("armPages takes only root's connections (the shim's): run as root")
+	}
+	dir := t.TempDir()
+	ids := []string{"my-container-a", "my-container-b"}
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	done := map[string]chan res{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, id := range ids {
+		out := newSyncBuffer()
+		done[id] = make(chan res, 1)
+		go func() {
+			c, err := armPages(ctx, out, dir, id, "ns-"+id, time.Now().Add(time.Minute))
+			done[id] <- res{c, err}
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), SendPagesArmed) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not armed", id)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	socks := map[string]bool{}
+	for _, id := range ids {
+		b, err := os.ReadFile(filepath.Join(dir, id+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req checkpoint.PageStreamRequest
+		if err := json.Unmarshal(b, &req); err != nil {
+			t.Fatal(err)
+		}
+		if socks[req.Socket] {
+			t.Fatalf("%s and another container armed on one socket %s", id, req.Socket)
+		}
+		socks[req.Socket] = true
+		shim, err := net.Dial("unix", filepath.Join(dir, req.Socket))
+		if err != nil {
+			t.Fatalf("%s: its socket %s: %v", id, req.Socket, err)
+		}
+		defer shim.Close()
+		select {
+		case r := <-done[id]:
+			if r.err != nil {
+				t.Fatalf("%s: %v", id, r.err)
+			}
+			r.c.Close()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the shim's connection for %s did not reach its send-pages", id)
+		}
+	}
+}

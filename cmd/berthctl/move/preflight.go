@@ -177,16 +177,21 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 				continue
 			}
 			src, err := HostPath(dst.HostRoot, m.Source)
-			if err != nil {
+			if err == nil {
+				_, err = os.Stat(src)
+			} else if !errors.Is(err, fs.ErrPermission) {
 				return err
 			}
-			if _, err := os.Stat(src); err != nil {
-				value := m.Source + " (missing)"
+			// a directory on the way that this process may not search fails the lookup under
+			// HostRoot (securejoin's lstat) as it fails the stat: refused as not visible, not an
+			// error that stops every other check
+			if err != nil {
+				value, fix := m.Source+" (missing)", "create it on the destination with what it held on the source"
 				if errors.Is(err, fs.ErrPermission) {
 					value = m.Source + " (not visible to the check: " + err.Error() + ")"
+					fix = "let the checking user (the berth probe's uid 65534) search its directories, or run the probe with DAC_READ_SEARCH (berth-probe-daemonset.yaml)"
 				}
-				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), value, "an existing path",
-					"create it on the destination with what it held on the source")
+				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), value, "an existing path", fix)
 			}
 		}
 		if hostPIDs(sp) {

@@ -4,9 +4,11 @@ import (
 	"archive/tar"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -283,5 +285,72 @@ func TestContainerPIDs(t *testing.T) {
 	}
 	if _, err := HeldOnHost(host, "ffffffffffffffff", nil); err == nil || !strings.Contains(err.Error(), "no process") {
 		t.Errorf("HeldOnHost of a container not there: %v", err)
+	}
+}
+
+// TestPreflightHostPathNotVisible: as the berth probe runs (uid 65534), a bind source under a
+// host directory it may not search (0700, such as /home/USER) is refused as not visible, beside
+// the other checks; it used to stop the whole check with securejoin's lstat error. Run as root,
+// the test runs itself again as uid 65534.
+func TestPreflightHostPathNotVisible(t *testing.T) {
+	if os.Getenv("BERTH_TEST_NOT_VISIBLE_ROOT") == "" {
+		if os.Getuid() != 0 {
+			t.Skip("needs root, to run the check as uid 65534")
+		}
+		host, err := os.MkdirTemp("", "berth-notvisible-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(host) })
+		for _, d := range []string{"proc", "home/u/data", "srv"} {
+			if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(filepath.Join(host, "home/u"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(host, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// the test binary, where uid 65534 may run it (go test's build directory is root's, 0700)
+		bin := filepath.Join(host, "move.test")
+		b, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "-test.run=^TestPreflightHostPathNotVisible$", "-test.v")
+		cmd.Env = append(os.Environ(), "BERTH_TEST_NOT_VISIBLE_ROOT="+host)
+		cmd.Dir = "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestPreflightHostPathNotVisible") {
+			t.Fatalf("as uid 65534: %v\n%s", err, out)
+		}
+		return
+	}
+	host := os.Getenv("BERTH_TEST_NOT_VISIBLE_ROOT")
+	need := Need{Spec: &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}}, Mounts: []specs.Mount{
+		{Destination: "/data", Source: "/home/u/data", Type: "bind"},
+		{Destination: "/srv", Source: "/srv", Type: "bind"},
+		{Destination: "/gone", Source: "/gone", Type: "bind"},
+	}}}
+	err := Preflight(t.Context(), Destination{Local: true, HostRoot: host}, need)
+	var pe *PreflightError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Preflight = %v, want a PreflightError", err)
+	}
+	fields := map[string]string{}
+	for _, r := range pe.Refusals {
+		fields[r.Field] = r.Value
+	}
+	if v := fields["mounts[0].source (destination /data)"]; !strings.Contains(v, "/home/u/data (not visible to the check") {
+		t.Errorf("the source under a 0700 directory: %q; refusals %v", v, fields)
+	}
+	if v := fields["mounts[2].source (destination /gone)"]; v != "/gone (missing)" || len(fields) != 2 {
+		t.Errorf("refusals %v; want /home/u/data not visible and /gone missing", fields)
 	}
 }
