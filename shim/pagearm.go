@@ -159,6 +159,25 @@ type armedRelay struct {
 // armedDialTimeout bounds the connection to the agent's socket.
 const armedDialTimeout = 5 * time.Second
 
+// armedStallTimeout bounds each write of the page stream to the agent's socket: an agent that
+// accepts the stream and stops reading would otherwise keep CRIU's dump, and so the frozen
+// container, waiting until the checkpoint request's own deadline, if it has one. A variable so
+// that tests can shorten it.
+var armedStallTimeout = 30 * time.Second
+
+// deadlineWriter is a connection whose every Write must finish within d.
+type deadlineWriter struct {
+	c net.Conn
+	d time.Duration
+}
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	if err := w.c.SetWriteDeadline(time.Now().Add(w.d)); err != nil {
+		return 0, err
+	}
+	return w.c.Write(p)
+}
+
 // armPageStream claims the armed request for task id (claimPageStream in the shim's
 // page_stream_dir), connects to its agent's socket, starts the relay and writes its address as
 // the page-server request into the CRIU work directory workDir, which usePageServer then reads.
@@ -228,7 +247,7 @@ func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
 		back <- err
 	}()
 	h := sha256.New()
-	n, err := frame.Write(a.agent, c, h)
+	n, err := frame.Write(deadlineWriter{a.agent, armedStallTimeout}, c, h)
 	if err != nil {
 		return checkpoint.PageStream{}, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStreamLost, n, err)
 	}

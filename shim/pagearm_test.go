@@ -200,3 +200,55 @@ func TestArmedRelay(t *testing.T) {
 		})
 	}
 }
+
+// TestArmedRelayStalledAgent: an agent that accepts the page stream and never reads it ends the
+// relay (ErrPageStreamLost) within armedStallTimeout, so CRIU's dump fails and the container thaws,
+// instead of staying frozen until the checkpoint request's own deadline.
+func TestArmedRelayStalledAgent(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the relay takes only root's connections (CRIU's): run as root")
+	}
+	defer func(d time.Duration) { armedStallTimeout = d }(armedStallTimeout)
+	armedStallTimeout = 300 * time.Millisecond
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
+	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
+	work := t.TempDir()
+	a, err := s.armPageStream(context.Background(), "c1", work)
+	if err != nil || a == nil {
+		t.Fatalf("arm: %v, %v", a, err)
+	}
+	addr, err := os.ReadFile(filepath.Join(work, checkpoint.PageServerRequestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := ln.Accept() // and never read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close()
+	criu, err := net.Dial("tcp", string(bytes.TrimSpace(addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer criu.Close()
+	go func() { _, _ = criu.Write(make([]byte, 64<<20)) }() // far more than the sockets buffer
+	done := make(chan error, 1)
+	go func() { _, err := a.wait(context.Background()); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrPageStreamLost) {
+			t.Fatalf("stalled agent: %v; want ErrPageStreamLost", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay still waits on an agent that stopped reading")
+	}
+}
