@@ -50,6 +50,23 @@ func PagesStagingDir(root, name string) string {
 // its signed manifest records.
 var ErrPageStream = errors.New("page stream")
 
+// PageServer returns the path of the criu binary that serves this receiver's page streams (copy
+// and lazy mode: r.CRIU, or "criu" looked up on PATH), or an error wrapping ErrPageStream that names
+// the binary and why it cannot run (not found, not executable). Senders call it before they pause
+// anything: a receiver without CRIU is otherwise found only mid-dump, by CRIU's "page server
+// doesn't answer".
+func (r *Receiver) PageServer() (string, error) {
+	criu := r.CRIU
+	if criu == "" {
+		criu = "criu"
+	}
+	p, err := exec.LookPath(criu)
+	if err != nil {
+		return "", fmt.Errorf("%w: this receiver cannot run CRIU's page server %q (put the stack's criu on PATH, or use --mode stored): %w", ErrPageStream, criu, err)
+	}
+	return p, nil
+}
+
 // pageStream is a page stream a receiver is receiving or has received, by checkpoint name.
 type pageStream struct {
 	dir     string

@@ -234,3 +234,36 @@ func TestPageStreamTLSAnswersMidStream(t *testing.T) {
 		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, 5+len(rest))
 	}
 }
+
+// TestReceiverPageServer: a receiver names the criu it would run for page streams, or says that
+// it cannot run one (ErrPageStream, naming the binary) before anything is paused.
+func TestReceiverPageServer(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "criu")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	notExe := filepath.Join(dir, "criu-noexec")
+	if err := os.WriteFile(notExe, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		criu, want string
+		ok         bool
+	}{
+		{criu: exe, want: exe, ok: true},
+		{criu: filepath.Join(dir, "missing"), want: "missing"},
+		{criu: notExe, want: "criu-noexec"},
+	} {
+		got, err := (&Receiver{CRIU: tc.criu}).PageServer()
+		if tc.ok {
+			if err != nil || got != tc.want {
+				t.Errorf("%s: %q, %v; want %q", tc.criu, got, err, tc.want)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrPageStream) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want ErrPageStream naming %s", tc.criu, err, tc.want)
+		}
+	}
+}

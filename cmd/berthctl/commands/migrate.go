@@ -246,6 +246,11 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 					_, err := verifyCheckpoint(ctx, policy, dir, cmd.ErrOrStderr())
 					return err
 				}}
+				if mode != modeStored {
+					if _, err := rcv.PageServer(); err != nil {
+						return fmt.Errorf("migrate %s --mode %s: nothing was paused: %w", id, mode, err)
+					}
+				}
 				go rcv.Serve(ctx, ln) //nolint:errcheck // ends with ln.Close
 				addr = ln.Addr().String()
 			}

@@ -320,6 +320,9 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 			}
 			report(receiveEvent{Event: "listening", Address: ln.Addr().String(), Root: root, TLS: cfg != nil},
 				"receiving checkpoints on %s (%s) into %s\n", ln.Addr(), mode, root)
+			if _, err := rcv.PageServer(); err != nil { // stored checkpoints still arrive
+				fmt.Fprintf(cmd.ErrOrStderr(), "berthctl receive: copy-mode and lazy page streams will fail: %v\n", err)
+			}
 			if err := rcv.Serve(cmd.Context(), ln); err != nil && cmd.Context().Err() == nil {
 				return err
 			}
