@@ -266,7 +266,8 @@ func CheckpointRm(g *Globals) *cobra.Command {
 		Short: "Remove checkpoints (names or paths that ls lists) from this node",
 		Long: `rm removes each named checkpoint: a name or path that 'berthctl checkpoint ls' lists, in the
 kubelet's checkpoint directory or berth's checkpoint root. Anything else is refused, except that
-with --force a name that is not there is skipped (a rollback that may run twice).`,
+with --force a name that is not there is skipped (a rollback that may run twice). The CRIU logs
+the shim kept beside a checkpoint of restores that failed (CHECKPOINT.restore-ID.log) go with it.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dirs, err := store.dirs(g, cmd.Flags())
@@ -292,6 +293,15 @@ with --force a name that is not there is skipped (a rollback that may run twice)
 					return fmt.Errorf("checkpoint rm: %w", err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", list[i].Path, humanBytes(list[i].Bytes))
+				// the CRIU logs the shim kept beside it of restores that failed
+				// (CHECKPOINT.restore-ID.log) go with it
+				logs, _ := filepath.Glob(globQuote(list[i].Path) + ".restore-*.log")
+				for _, l := range logs {
+					if err := os.Remove(l); err != nil && !errors.Is(err, fs.ErrNotExist) {
+						return fmt.Errorf("checkpoint rm: %w", err)
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", l)
+				}
 			}
 			return nil
 		},
@@ -299,6 +309,18 @@ with --force a name that is not there is skipped (a rollback that may run twice)
 	store = addStoreFlags(cmd.Flags())
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "a checkpoint that is not there is no error")
 	return cmd
+}
+
+// globQuote escapes the characters filepath.Match treats as patterns in a path.
+func globQuote(p string) string {
+	var b strings.Builder
+	for _, r := range p {
+		if strings.ContainsRune(`*?[\\`, r) {
+			b.WriteRune('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // CheckpointGC is `berthctl checkpoint gc`.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -113,7 +115,20 @@ func TestCheckpointGC(t *testing.T) {
 			t.Errorf("%s after gc: %v", a, err)
 		}
 	}
+	// the shim's kept CRIU log of a failed restore of ckpt goes with it; another checkpoint's
+	// (ckpt2) and a file that only starts like one stay
+	for _, f := range []string{"ckpt.restore-c1.log", "ckpt2.restore-c1.log", "ckpt.restore-notes.txt"} {
+		os.WriteFile(filepath.Join(root, f), []byte("log"), 0o600)
+	}
 	run("rm", filepath.Base(archives[2]), filepath.Join(root, "ckpt"))
+	if _, err := os.Stat(filepath.Join(root, "ckpt.restore-c1.log")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ckpt's restore log after rm: %v", err)
+	}
+	for _, f := range []string{"ckpt2.restore-c1.log", "ckpt.restore-notes.txt"} {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Errorf("%s (not ckpt's restore log) removed: %v", f, err)
+		}
+	}
 	if err := json.Unmarshal([]byte(run("ls", "-o", "json")), &l); err != nil || len(l) != 0 {
 		t.Errorf("ls after rm: %+v %v", l, err)
 	}

@@ -274,9 +274,10 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	res.Restored = created.Name
 	defer func() {
 		if retErr != nil && !committed {
-			// the restore pod goes before its archive (deferred above) is removed
-			zero := int64(0)
-			_ = pods.Delete(context.WithoutCancel(ctx), created.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+			// the restore pod goes before its archive (deferred above) is removed, and is waited
+			// for: a restore the kubelet is running from that checkpoint ends (and the shim keeps
+			// its CRIU log beside the checkpoint) before the checkpoint and its logs are removed
+			removePod(context.WithoutCancel(ctx), cs, o.Namespace, created.Name)
 		}
 	}()
 	if err := waitReady(ctx, cs, o.Namespace, created.Name, o.Timeout); err != nil {
@@ -398,6 +399,36 @@ func matchNode(ctx context.Context, cs kubernetes.Interface, sel map[string]stri
 		return fmt.Errorf("%w: node %s's labels do not match the checkpoint's selector %v (the source node's labels were stale)", ErrNoNode, node, sel)
 	}
 	return nil
+}
+
+// podGoneTimeout bounds removePod's wait for the kubelet to have stopped a restore pod.
+const podGoneTimeout = 30 * time.Second
+
+// removePod deletes pod ns/name with a grace period of one second and waits, at most
+// podGoneTimeout, until the API server no longer has it: the kubelet removes a pod only once its
+// containers stopped, and a container it is creating (a CRI restore) is created first. A force
+// delete (grace 0) would remove the pod from the API at once and leave the kubelet restoring.
+// Errors are not returned: this is a rollback's step, and the rollback goes on regardless.
+func removePod(ctx context.Context, cs kubernetes.Interface, ns, name string) {
+	one := int64(1)
+	pods := cs.CoreV1().Pods(ns)
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &one}); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, podGoneTimeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := pods.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // failedWaiting are the reasons of a waiting container that a restore does not recover from.
