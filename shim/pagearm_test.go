@@ -114,6 +114,38 @@ func TestClaimPageStreamOnce(t *testing.T) {
 	}
 }
 
+// armTestRelay arms a page stream for container c1 toward an agent socket in a temporary
+// page_stream_dir, and returns the relay, the address the shim wrote for CRIU's page client and
+// the agent's end of the connection the shim opened.
+func armTestRelay(t *testing.T) (*armedRelay, []byte, net.Conn) {
+	t.Helper()
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
+	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
+	work := t.TempDir()
+	a, err := s.armPageStream(context.Background(), "c1", work)
+	if err != nil || a == nil {
+		t.Fatalf("arm: %v, %v", a, err)
+	}
+	addr, err := os.ReadFile(filepath.Join(work, checkpoint.PageServerRequestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, addr, agent
+}
+
 // The relay forwards CRIU's stream to the agent in oci/transfer's frames, digests it, passes the
 // answers back, and reports the stream once the agent closed; a stream the agent cuts is an
 // error, never a digest.
@@ -123,31 +155,7 @@ func TestArmedRelay(t *testing.T) {
 	}
 	for _, cut := range []bool{false, true} {
 		t.Run(map[bool]string{false: "whole", true: "cut"}[cut], func(t *testing.T) {
-			dir := t.TempDir()
-			sock := filepath.Join(dir, "p.sock")
-			ln, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
-			if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
-			work := t.TempDir()
-			a, err := s.armPageStream(context.Background(), "c1", work)
-			if err != nil || a == nil {
-				t.Fatalf("arm: %v, %v", a, err)
-			}
-			addr, err := os.ReadFile(filepath.Join(work, checkpoint.PageServerRequestFile))
-			if err != nil {
-				t.Fatal(err)
-			}
-			agent, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, addr, agent := armTestRelay(t)
 			payload := bytes.Repeat([]byte("page"), 700000) // more than one frame
 			got := make(chan []byte, 1)
 			go func() { // the agent: unframe, answer, close
@@ -210,30 +218,7 @@ func TestArmedRelayStalledAgent(t *testing.T) {
 	}
 	defer func(d time.Duration) { armedStallTimeout = d }(armedStallTimeout)
 	armedStallTimeout = 300 * time.Millisecond
-	dir := t.TempDir()
-	ln, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
-	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
-	work := t.TempDir()
-	a, err := s.armPageStream(context.Background(), "c1", work)
-	if err != nil || a == nil {
-		t.Fatalf("arm: %v, %v", a, err)
-	}
-	addr, err := os.ReadFile(filepath.Join(work, checkpoint.PageServerRequestFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := ln.Accept() // and never read
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, addr, agent := armTestRelay(t) // and the agent never reads
 	defer agent.Close()
 	criu, err := net.Dial("tcp", string(bytes.TrimSpace(addr)))
 	if err != nil {

@@ -113,30 +113,26 @@ func RunLazyGuard(ctx context.Context, o LazyGuardOptions) error {
 		_, _ = io.Copy(io.Discard, ctl)
 		close(ctlEnded)
 	}()
-	var reason string
-	daemonGone := false
+	// the daemon's exit wins over the control stream's end when both happened
+	var werr error
+	daemonGone := true
 	select {
-	case werr := <-exited:
-		daemonGone = true
+	case werr = <-exited:
+	case <-ctlEnded:
+		select {
+		case werr = <-exited:
+		default:
+			daemonGone = false
+		}
+	}
+	reason := "the lazy page stream ended before every page arrived (the receiver ended it, or died)"
+	if daemonGone {
 		if werr == nil {
 			held.Close()
 			logf("criu lazy-pages exited successfully")
 			return nil
 		}
 		reason = fmt.Sprintf("criu lazy-pages exited before every page arrived: %v%s", werr, logErrors(logFile))
-	case <-ctlEnded:
-		select {
-		case werr := <-exited:
-			daemonGone = true
-			if werr == nil {
-				held.Close()
-				logf("criu lazy-pages exited successfully")
-				return nil
-			}
-			reason = fmt.Sprintf("criu lazy-pages exited before every page arrived: %v%s", werr, logErrors(logFile))
-		default:
-			reason = "the lazy page stream ended before every page arrived (the receiver ended it, or died)"
-		}
 	}
 	logf("%s", reason)
 	// the task first: while this process lives, the daemon keeps its userfaultfd, and a missing

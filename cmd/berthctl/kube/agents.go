@@ -90,13 +90,21 @@ func (a *Agents) defaults() {
 // pod returns the running, ready agent pod on node.
 func (a *Agents) pod(ctx context.Context, node string) (*corev1.Pod, error) {
 	a.defaults()
-	p, err := readyPod(ctx, a.Client, a.Namespace, a.Labels, node)
+	return nodePod(ctx, a.Client, a.Namespace, a.Labels, node, "berth agent", "berth-agent-daemonset.yaml", ErrNoAgent)
+}
+
+// nodePod returns the running, ready pod of a berth DaemonSet (what, from contrib/kubernetes's
+// manifest) on node, found by its labels in namespace ns. Errors: the API server's, wrapped;
+// none (ErrNoAgent, ErrNoProbe) naming the node, the selector and the manifest to apply when
+// there is no such pod.
+func nodePod(ctx context.Context, cs kubernetes.Interface, ns, labels, node, what, manifest string, none error) (*corev1.Pod, error) {
+	p, err := readyPod(ctx, cs, ns, labels, node)
 	if err != nil {
-		return nil, fmt.Errorf("find the berth agent on %s: %w", node, err)
+		return nil, fmt.Errorf("find the %s on %s: %w", what, node, err)
 	}
 	if p == nil {
-		return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/berth-agent-daemonset.yaml applied?)",
-			ErrNoAgent, node, a.Labels, a.Namespace)
+		return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/%s applied?)",
+			none, node, labels, ns, manifest)
 	}
 	return p, nil
 }

@@ -75,15 +75,7 @@ func (p *Probes) defaults() {
 // pod returns the running, ready probe pod on node.
 func (p *Probes) pod(ctx context.Context, node string) (*corev1.Pod, error) {
 	p.defaults()
-	pod, err := readyPod(ctx, p.Client, p.Namespace, p.Labels, node)
-	if err != nil {
-		return nil, fmt.Errorf("find the berth probe on %s: %w", node, err)
-	}
-	if pod == nil {
-		return nil, fmt.Errorf("%w %s: no ready pod %s in namespace %s (is contrib/kubernetes/berth-probe-daemonset.yaml applied?)",
-			ErrNoProbe, node, p.Labels, p.Namespace)
-	}
-	return pod, nil
+	return nodePod(ctx, p.Client, p.Namespace, p.Labels, node, "berth probe", "berth-probe-daemonset.yaml", ErrNoProbe)
 }
 
 // Source runs `berthctl checkpoint need --host-root ROOT --container ID -o json` in node's probe.

@@ -225,14 +225,7 @@ func TestPreflightHostRoot(t *testing.T) {
 		}},
 	}
 	err := Preflight(t.Context(), Destination{Local: true, HostRoot: host}, need)
-	var pe *PreflightError
-	if !errors.As(err, &pe) {
-		t.Fatalf("Preflight = %v, want a PreflightError", err)
-	}
-	fields := map[string]string{}
-	for _, r := range pe.Refusals {
-		fields[r.Field] = r.Value
-	}
+	fields := refusalFields(t, err)
 	want := map[string]string{
 		"mounts[2].source (destination /gone)":         "/var/lib/gone (missing)",
 		"mounts[3].source (destination /e)":            "/etc-link/hostname (missing)",
@@ -339,6 +332,19 @@ func TestPreflightHostPathNotVisible(t *testing.T) {
 		{Destination: "/gone", Source: "/gone", Type: "bind"},
 	}}}
 	err := Preflight(t.Context(), Destination{Local: true, HostRoot: host}, need)
+	fields := refusalFields(t, err)
+	if v := fields["mounts[0].source (destination /data)"]; !strings.Contains(v, "/home/u/data (not visible to the check") {
+		t.Errorf("the source under a 0700 directory: %q; refusals %v", v, fields)
+	}
+	if v := fields["mounts[2].source (destination /gone)"]; v != "/gone (missing)" || len(fields) != 2 {
+		t.Errorf("refusals %v; want /home/u/data not visible and /gone missing", fields)
+	}
+}
+
+// refusalFields returns the refused fields of err, a Preflight error, with their values; it fails
+// the test when err is not a PreflightError.
+func refusalFields(t *testing.T, err error) map[string]string {
+	t.Helper()
 	var pe *PreflightError
 	if !errors.As(err, &pe) {
 		t.Fatalf("Preflight = %v, want a PreflightError", err)
@@ -347,10 +353,5 @@ func TestPreflightHostPathNotVisible(t *testing.T) {
 	for _, r := range pe.Refusals {
 		fields[r.Field] = r.Value
 	}
-	if v := fields["mounts[0].source (destination /data)"]; !strings.Contains(v, "/home/u/data (not visible to the check") {
-		t.Errorf("the source under a 0700 directory: %q; refusals %v", v, fields)
-	}
-	if v := fields["mounts[2].source (destination /gone)"]; v != "/gone (missing)" || len(fields) != 2 {
-		t.Errorf("refusals %v; want /home/u/data not visible and /gone missing", fields)
-	}
+	return fields
 }
