@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -114,13 +115,23 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 	return cmd
 }
 
-// armPages listens on a unix socket in dir, writes container's request (checkpoint.PageStreamRequest,
+// armPages makes dir (mode 0700, and closes an existing one of ours to other users), listens on a
+// unix socket in it, writes container's request (checkpoint.PageStreamRequest,
 // expiring at expires) as <container>.json, prints SendPagesArmed on out, and returns the shim's
 // connection once it came (a peer of uid 0: the shim). The request and the socket are removed
 // before it returns, whatever happens.
 func armPages(ctx context.Context, out io.Writer, dir, container, name string, expires time.Time) (net.Conn, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
+	}
+	// a directory made by someone else's defaults (the kubelet's DirectoryOrCreate makes 0755)
+	// would list the armed containers to every local user: close it when it is ours
+	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && fi.Mode().Perm()&0o077 != 0 {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == os.Geteuid() {
+			if err := os.Chmod(dir, 0o700); err != nil {
+				return nil, fmt.Errorf("arm page stream: %w", err)
+			}
+		}
 	}
 	// a name of its own (random): a name from the id's first characters was shared by ids with a
 	// common prefix, and the second arming took the first's socket

@@ -78,6 +78,9 @@ func TestArmPagesTaken(t *testing.T) {
 func TestArmPagesExpires(t *testing.T) {
 	for _, cancelled := range []bool{false, true} {
 		dir := t.TempDir()
+		if err := os.Chmod(dir, 0o755); err != nil { // as the kubelet's DirectoryOrCreate makes it
+			t.Fatal(err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		expires := time.Now().Add(300 * time.Millisecond)
 		if cancelled {
@@ -95,6 +98,9 @@ func TestArmPagesExpires(t *testing.T) {
 		}
 		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 			t.Fatalf("cancelled %v: left %v", cancelled, ents)
+		}
+		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("cancelled %v: page_stream_dir mode %v, %v; want 0700 (ours, closed to other users)", cancelled, fi.Mode().Perm(), err)
 		}
 	}
 }
