@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -85,6 +84,9 @@ func claimPageStream(dir, id string, now time.Time) (*checkpoint.PageStreamReque
 	case !now.Before(req.Expires):
 		return nil, nil
 	}
+	if _, err := checkpoint.NewPageDigest(req.Digest); err != nil {
+		return nil, fmt.Errorf("%w %s: %w", checkpoint.ErrBadPageStreamRequest, armed, err)
+	}
 	return &req, nil
 }
 
@@ -146,11 +148,13 @@ func dialArmedSocket(path string) (net.Conn, error) {
 var ErrPageStreamLost = errors.New("armed page stream lost")
 
 // armedRelay is the shim's end of an armed page stream: CRIU's page client connects to ln; the
-// relay forwards its stream in frames to agent, digesting it, and the page server's answers
+// relay forwards its stream in frames to agent, digesting it with alg (the armed request's
+// Digest, the algorithm the agent announced to the receiver), and the page server's answers
 // back.
 type armedRelay struct {
 	ln    net.Listener
 	agent net.Conn
+	alg   string
 	done  chan struct{}
 	res   checkpoint.PageStream
 	err   error
@@ -211,7 +215,7 @@ func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armed
 		agent.Close()
 		return nil, fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	a := &armedRelay{ln: ln, agent: agent, done: make(chan struct{})}
+	a := &armedRelay{ln: ln, agent: agent, alg: req.Digest, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
 		a.res, a.err = a.relay(ctx)
@@ -246,7 +250,10 @@ func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
 		_ = c.(*net.TCPConn).CloseWrite()
 		back <- err
 	}()
-	h := sha256.New()
+	h, err := checkpoint.NewPageDigest(a.alg) // known: claimPageStream checked it
+	if err != nil {
+		return checkpoint.PageStream{}, err
+	}
 	n, err := frame.Write(deadlineWriter{a.agent, armedStallTimeout}, c, h)
 	if err != nil {
 		return checkpoint.PageStream{}, fmt.Errorf("%w: cut after %d bytes: %w", ErrPageStreamLost, n, err)
@@ -257,7 +264,7 @@ func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
 	if err := <-back; err != nil {
 		return checkpoint.PageStream{}, fmt.Errorf("%w: the destination's answers: %w", ErrPageStreamLost, err)
 	}
-	return checkpoint.PageStream{Digest: checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+	return checkpoint.PageStream{Digest: checkpoint.PageDigest(a.alg, h), Size: n}, nil
 }
 
 // armedWaitTimeout bounds the wait, once CRIU's dump ended, for the destination's page server

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeebo/blake3"
+
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
@@ -33,6 +35,9 @@ func TestClaimPageStream(t *testing.T) {
 	}{
 		{fixture: "", id: "c1", now: pageArmNow},
 		{fixture: "valid.json", id: "c1", now: pageArmNow, want: true},
+		{fixture: "valid-blake3.json", id: "c1", now: pageArmNow, want: true},
+		// an algorithm the shim cannot digest with: the receiver would refuse what it signs
+		{fixture: "unknown-digest.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrPageDigestAlgorithm},
 		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(59 * time.Second), want: true},
 		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(time.Minute)}, // expiry is exclusive
 		{fixture: "expired.json", id: "c1", now: pageArmNow},
@@ -114,10 +119,10 @@ func TestClaimPageStreamOnce(t *testing.T) {
 	}
 }
 
-// armTestRelay arms a page stream for container c1 toward an agent socket in a temporary
-// page_stream_dir, and returns the relay, the address the shim wrote for CRIU's page client and
+// armTestRelay arms a page stream for container c1, digested with alg ("" for an agent that names
+// none), toward an agent socket in a temporary page_stream_dir, and returns the relay, the address the shim wrote for CRIU's page client and
 // the agent's end of the connection the shim opened.
-func armTestRelay(t *testing.T) (*armedRelay, []byte, net.Conn) {
+func armTestRelay(t *testing.T, alg string) (*armedRelay, []byte, net.Conn) {
 	t.Helper()
 	dir := t.TempDir()
 	ln, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
@@ -125,7 +130,7 @@ func armTestRelay(t *testing.T) (*armedRelay, []byte, net.Conn) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
+	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `","digest":"` + alg + `"}`
 	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +158,18 @@ func TestArmedRelay(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("the relay takes only root's connections (CRIU's): run as root")
 	}
-	for _, cut := range []bool{false, true} {
-		t.Run(map[bool]string{false: "whole", true: "cut"}[cut], func(t *testing.T) {
-			a, addr, agent := armTestRelay(t)
+	for _, tc := range []struct {
+		alg string
+		cut bool
+		sum func([]byte) string // the library's own digest of what CRIU sent
+	}{
+		{alg: "blake3", sum: func(b []byte) string { s := blake3.Sum256(b); return "blake3:" + hex.EncodeToString(s[:]) }},
+		{alg: "", sum: func(b []byte) string { s := sha256.Sum256(b); return "sha256:" + hex.EncodeToString(s[:]) }}, // an agent before pageDigest
+		{alg: "blake3", cut: true},
+	} {
+		cut := tc.cut
+		t.Run(map[bool]string{false: "whole", true: "cut"}[cut]+"/"+tc.alg, func(t *testing.T) {
+			a, addr, agent := armTestRelay(t, tc.alg)
 			payload := bytes.Repeat([]byte("page"), 700000) // more than one frame
 			got := make(chan []byte, 1)
 			go func() { // the agent: unframe, answer, close
@@ -198,9 +212,8 @@ func TestArmedRelay(t *testing.T) {
 				}
 				return
 			}
-			sum := sha256.Sum256(payload)
-			if err != nil || ps.Size != int64(len(payload)) || ps.Digest != checkpoint.DigestAlgorithm+hex.EncodeToString(sum[:]) {
-				t.Fatalf("stream %+v, %v; want %d bytes", ps, err, len(payload))
+			if want := tc.sum(payload); err != nil || ps.Size != int64(len(payload)) || ps.Digest != want {
+				t.Fatalf("stream %+v, %v; want %d bytes, %s", ps, err, len(payload), want)
 			}
 			if !bytes.Equal(received, payload) || string(answer) != "ok" {
 				t.Fatalf("agent got %d bytes, CRIU the answer %q", len(received), answer)
@@ -218,7 +231,7 @@ func TestArmedRelayStalledAgent(t *testing.T) {
 	}
 	defer func(d time.Duration) { armedStallTimeout = d }(armedStallTimeout)
 	armedStallTimeout = 300 * time.Millisecond
-	a, addr, agent := armTestRelay(t) // and the agent never reads
+	a, addr, agent := armTestRelay(t, checkpoint.PageDigestDefault) // and the agent never reads
 	defer agent.Close()
 	criu, err := net.Dial("tcp", string(bytes.TrimSpace(addr)))
 	if err != nil {

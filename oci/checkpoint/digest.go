@@ -17,8 +17,9 @@ import (
 	"github.com/berth-dev/berth/oci/internal/fsutil"
 )
 
-// DigestAlgorithm is the prefix of every digest in a berth manifest: a File's Digest is
-// DigestAlgorithm followed by the lowercase hex of the SHA-256 of the file's content.
+// DigestAlgorithm is the prefix of every file digest in a berth manifest: a File's Digest is
+// DigestAlgorithm followed by the lowercase hex of the SHA-256 of the file's content. A copy-mode
+// PageStream's digest names its own algorithm (pagedigest.go).
 const DigestAlgorithm = "sha256:"
 
 // ErrUnsupportedFile is returned (wrapped, with the path and the file's type) for anything in a

@@ -1,6 +1,8 @@
 // Package checkpoint is the on-disk format of a berth checkpoint: its layout (the kubelet's and
 // checkpointctl's, with berth.json added), the berth manifest (Manifest: fingerprint, CRIU
-// statistics, GPU state, phases, the size and sha256 of every file), and pure functions over it:
+// statistics, GPU state, phases, the size and sha256 of every file, and for a copy-mode move the
+// page stream's length and digest, "blake3:" or "sha256:" (PageStream, pagedigest.go)), and pure
+// functions over it:
 // DigestDir and DigestDirKnown, WriteManifest, ReadManifest and ParseManifest, Verify and
 // VerifyDigests, the receiver's verification stamp (WriteStamp, VerifyStamped), safe resolution of
 // a berth.dev/restore-from path inside a checkpoint root (ResolveRestoreFrom), and the manifest

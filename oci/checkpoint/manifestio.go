@@ -24,7 +24,9 @@ var (
 	// JSON of the Manifest shape or breaks its rules: a File path that is absolute, unclean,
 	// contains "..", or names the top-level berth.json; a negative size; a digest that is not
 	// "sha256:" and 64 lowercase hex digits; Files not sorted by Path or with duplicates; an
-	// ImageSize other than the sum of the sizes; a berth.json over MaxManifestBytes.
+	// ImageSize other than the sum of the sizes; a pageStream whose digest is not a known page
+	// digest algorithm (PageDigestAlgorithms, then also ErrPageDigestAlgorithm), ":" and 64
+	// lowercase hex digits, or whose size is negative; a berth.json over MaxManifestBytes.
 	ErrInvalidManifest = errors.New("invalid berth manifest")
 	// ErrUnsupportedVersion is returned (wrapped, naming the version) for a manifest whose
 	// Version is not ManifestVersion: written by a newer berth, or missing.
@@ -228,6 +230,17 @@ func validateManifest(m *Manifest) error {
 		}
 		sum += f.Size
 	}
+	if m.PageStream != nil {
+		if _, err := PageDigestAlgorithm(m.PageStream.Digest); err != nil {
+			if !errors.Is(err, ErrInvalidManifest) {
+				err = fmt.Errorf("%w: %w", ErrInvalidManifest, err)
+			}
+			return err
+		}
+		if m.PageStream.Size < 0 {
+			return fmt.Errorf("%w: pageStream: negative size %d", ErrInvalidManifest, m.PageStream.Size)
+		}
+	}
 	if sum != m.ImageSize {
 		return fmt.Errorf("%w: imageSize %d bytes, but the files add up to %d bytes", ErrInvalidManifest, m.ImageSize, sum)
 	}
@@ -243,14 +256,5 @@ func ValidFilePath(p string) bool {
 // validDigest reports whether d is "sha256:" and 64 lowercase hex digits.
 func validDigest(d string) bool {
 	hexPart, ok := strings.CutPrefix(d, DigestAlgorithm)
-	if !ok || len(hexPart) != 64 {
-		return false
-	}
-	for i := 0; i < len(hexPart); i++ {
-		c := hexPart[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return ok && lowerHex(hexPart, 64)
 }

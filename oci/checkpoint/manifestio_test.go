@@ -230,6 +230,7 @@ func TestWriteManifestRejects(t *testing.T) {
 
 func TestParseManifest(t *testing.T) {
 	d := sha([]byte("x"))
+	hexPart := strings.TrimPrefix(d, DigestAlgorithm)
 	cases := []struct {
 		name    string
 		json    string
@@ -254,6 +255,14 @@ func TestParseManifest(t *testing.T) {
 		{"unsorted", `{"version":1,"imageSize":2,"files":[{"path":"b","size":1,"digest":"` + d + `"},{"path":"a","size":1,"digest":"` + d + `"}]}`, ErrInvalidManifest, "sorted"},
 		{"duplicate", `{"version":1,"imageSize":2,"files":[{"path":"a","size":1,"digest":"` + d + `"},{"path":"a","size":1,"digest":"` + d + `"}]}`, ErrInvalidManifest, "duplicate"},
 		{"image size", `{"version":1,"imageSize":5,"files":[{"path":"a","size":1,"digest":"` + d + `"}]}`, ErrInvalidManifest, "imageSize 5"},
+		{"page stream blake3", `{"version":1,"pageStream":{"digest":"blake3:` + hexPart + `","size":4}}`, nil, ""},
+		{"page stream sha256", `{"version":1,"pageStream":{"digest":"` + d + `","size":4}}`, nil, ""},
+		{"page stream unknown algorithm", `{"version":1,"pageStream":{"digest":"md5:` + hexPart + `","size":4}}`, ErrPageDigestAlgorithm, `"md5"`},
+		{"page stream unknown algorithm is invalid", `{"version":1,"pageStream":{"digest":"k12:` + hexPart + `","size":4}}`, ErrInvalidManifest, "blake3"},
+		{"page stream no algorithm", `{"version":1,"pageStream":{"digest":"` + hexPart + `","size":4}}`, ErrInvalidManifest, "<algorithm>:<hex>"},
+		{"page stream empty algorithm", `{"version":1,"pageStream":{"digest":":` + hexPart + `","size":4}}`, ErrInvalidManifest, "<algorithm>:<hex>"},
+		{"page stream short digest", `{"version":1,"pageStream":{"digest":"blake3:00","size":4}}`, ErrInvalidManifest, "blake3:00"},
+		{"page stream negative size", `{"version":1,"pageStream":{"digest":"blake3:` + hexPart + `","size":-4}}`, ErrInvalidManifest, "negative"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,5 +292,32 @@ func TestReadManifestErrors(t *testing.T) {
 	_, err := ReadManifest(dir)
 	if !errors.Is(err, ErrUnsupportedVersion) || !strings.Contains(err.Error(), "version 7") {
 		t.Errorf("newer: got %v", err)
+	}
+}
+
+// TestNewPageDigest: each known page digest algorithm hashes as its library does (BLAKE3's
+// published test vector for the empty input), "" is SHA-256 (senders that named none), and any
+// other name is refused.
+func TestNewPageDigest(t *testing.T) {
+	for _, tc := range []struct{ alg, want string }{
+		{"blake3", "blake3:af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"},
+		{"sha256", "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+		{"", "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+	} {
+		h, err := NewPageDigest(tc.alg)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.alg, err)
+		}
+		if got := PageDigest(tc.alg, h); got != tc.want {
+			t.Errorf("%q of nothing = %s, want %s", tc.alg, got, tc.want)
+		}
+		if alg, err := PageDigestAlgorithm(tc.want); err != nil || alg != strings.Split(tc.want, ":")[0] {
+			t.Errorf("PageDigestAlgorithm(%s) = %q, %v", tc.want, alg, err)
+		}
+	}
+	for _, alg := range []string{"md5", "BLAKE3", "sha512", "blake3:"} {
+		if _, err := NewPageDigest(alg); !errors.Is(err, ErrPageDigestAlgorithm) || !strings.Contains(err.Error(), "blake3") {
+			t.Errorf("NewPageDigest(%q) = %v, want ErrPageDigestAlgorithm naming the known ones", alg, err)
+		}
 	}
 }

@@ -40,6 +40,10 @@ type PageStreamRequest struct {
 	// Expires is when the request lapses: a checkpoint after it is taken as if none were armed
 	// (stored: page images in the checkpoint), and the agent removes the file.
 	Expires time.Time `json:"expires"`
+	// Digest is the algorithm the shim digests the stream with (PageDigestAlgorithms), the one
+	// the agent announced to the receiver; "" is PageDigestSHA256 (agents before it). The shim
+	// refuses a request naming one it does not know (ErrBadPageStreamRequest).
+	Digest string `json:"digest,omitempty"`
 }
 
 // ErrBadPageStreamRequest: an armed page stream request is not one this shim can serve (not

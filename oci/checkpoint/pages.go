@@ -22,7 +22,9 @@ import (
 // page images only through a stamp that matches them (VerifyHeld); without one it refuses them
 // (ErrPagesUnverified), since nothing can digest them against the signature afterwards.
 type PageStream struct {
-	// Digest is "sha256:<hex>" of every byte CRIU sent to the page server, in order.
+	// Digest is "<algorithm>:<64 lowercase hex>" of every byte CRIU sent to the page server, in
+	// order: "blake3:" (PageDigestDefault) from this berth's relays, "sha256:" from older ones;
+	// a manifest naming any other algorithm is refused (PageDigestAlgorithm).
 	Digest string `json:"digest"`
 	// Size is the stream's length in bytes.
 	Size int64 `json:"size"`

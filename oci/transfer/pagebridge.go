@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
 // A page bridge is the source's end of a copy-mode page stream whose frames another process
@@ -17,15 +19,21 @@ import (
 // key: the receiver compares what it got with the digest the shim signed.
 
 // AnnouncePages greets the receiver on conn (Handshake) and announces checkpoint name's page
-// stream, as StartPageRelay does. Errors: ErrInvalidName, the handshake's, the write's.
-func AnnouncePages(conn net.Conn, name string) error {
+// stream, digested with algorithm alg (checkpoint.PageDigestAlgorithms: the one the shim that
+// frames the stream was asked for, checkpoint.PageStreamRequest.Digest), as StartPageRelay does.
+// Errors: ErrInvalidName; checkpoint.ErrPageDigestAlgorithm for an alg this berth does not know;
+// the handshake's, the write's.
+func AnnouncePages(conn net.Conn, name, alg string) error {
 	if err := ValidName(name); err != nil {
 		return fmt.Errorf("page bridge: %w", err)
+	}
+	if _, err := checkpoint.NewPageDigest(alg); err != nil {
+		return fmt.Errorf("page bridge for %s: %w", name, err)
 	}
 	if _, err := Handshake(conn); err != nil {
 		return fmt.Errorf("page bridge for %s: %w", name, err)
 	}
-	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true})
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: alg})
 	if err != nil {
 		return err
 	}

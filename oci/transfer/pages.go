@@ -3,9 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -93,12 +91,19 @@ func (p pagesDone) Error() string {
 
 // receivePages runs CRIU's page server for the page stream of checkpoint name arriving on br
 // (conn is the connection, for the answers), into a staging directory under root, and keeps the
-// result for the checkpoint's transfer (adoptPages). The stream's bytes count against root's
+// result for the checkpoint's transfer (adoptPages), digested with alg (the algorithm the sender
+// announced; checkpoint.NewPageDigest refuses one it does not know). The stream's bytes count against root's
 // free space (pagespace.go; stated is the length its sender stated, 0 if none). It waits, at most IdleTimeout after the
 // stream ended, for that transfer to adopt the pages, then removes what is left.
-func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name string, stated int64, root string) error {
+func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name string, stated int64, alg, root string) error {
 	if err := ValidName(name); err != nil {
 		return pagesDone{err}
+	}
+	h, err := checkpoint.NewPageDigest(alg)
+	if err != nil {
+		// before the page server starts: the sender's CRIU finds no page server and its dump
+		// fails, leaving the source running; this receiver's log says why
+		return pagesDone{fmt.Errorf("receive pages of %s: %w: %w", name, ErrPageStream, err)}
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
@@ -130,7 +135,7 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 		close(ps.done)
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
-	ps.digest, ps.size, ps.err = r.servePages(ctx, br, conn, ps.dir, space)
+	ps.digest, ps.size, ps.err = r.servePages(ctx, br, conn, ps.dir, space, alg, h)
 	close(ps.done)
 	_ = conn.Close()
 	if ps.err != nil {
@@ -154,10 +159,11 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 }
 
 // servePages runs `criu page-server --ps-socket` into dir on one end of a loopback TCP
-// connection the receiver makes itself, copies the stream from br into it (digesting it) and the
+// connection the receiver makes itself, copies the stream from br into it (digesting it into h,
+// a hash of algorithm alg) and the
 // page server's answers back to conn, within space (pagespace.go). It returns the stream's digest and length once the source
 // ended the stream and the page server exited; its log's last errors if it failed.
-func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string, space *pageSpace) (string, int64, error) {
+func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Conn, dir string, space *pageSpace, alg string, h hash.Hash) (string, int64, error) {
 	// Handle bounded the greeting's write by the handshake deadline: the page server's answers
 	// come back over this connection for as long as the stream lasts
 	_ = conn.SetWriteDeadline(time.Time{})
@@ -190,7 +196,6 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 		return "", 0, fmt.Errorf("start criu page-server: %w", err)
 	}
 	f.Close()
-	h := sha256.New()
 	var n int64
 	back := make(chan error, 1)
 	go func() { // the page server's answers, to the source
@@ -213,7 +218,7 @@ func (r *Receiver) servePages(ctx context.Context, br *bufio.Reader, conn net.Co
 	if werr != nil {
 		return "", n, fmt.Errorf("%w: criu page-server: %w%s", ErrPageStream, werr, logErrors(logFile))
 	}
-	return checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), n, nil
+	return checkpoint.PageDigest(alg, h), n, nil
 }
 
 // hasSysAdmin reports whether this process has CAP_SYS_ADMIN in its effective set (read from
@@ -289,6 +294,10 @@ func (r *Receiver) adoptPages(ctx context.Context, name, staging string, m *chec
 	if ps.err != nil {
 		return ps.err
 	}
+	if got := algOf(ps.digest); got != algOf(m.PageStream.Digest) {
+		return fmt.Errorf("%w: the page stream arrived digested with %s, as its sender announced, but the signed manifest records a %s digest (%s); the pages are not kept",
+			ErrPageStream, got, algOf(m.PageStream.Digest), m.PageStream.Digest)
+	}
 	if ps.digest != m.PageStream.Digest || ps.size != m.PageStream.Size {
 		return fmt.Errorf("%w: received %s (%d bytes), the signed manifest records %s (%d bytes)", ErrPageStream, ps.digest, ps.size, m.PageStream.Digest, m.PageStream.Size)
 	}
@@ -322,6 +331,12 @@ func (r *Receiver) discardPages(name string, err error) {
 	if ps != nil {
 		ps.once.Do(func() { ps.lost = err; close(ps.adopted) })
 	}
+}
+
+// algOf returns the algorithm a "<algorithm>:<hex>" digest names ("" if none).
+func algOf(d string) string {
+	alg, _, _ := strings.Cut(d, ":")
+	return alg
 }
 
 // loopbackPair returns both ends of a TCP connection on 127.0.0.1 that nobody else can take:
@@ -371,7 +386,8 @@ func logErrors(path string) string {
 }
 
 // PageRelay is the source's end of a page stream: CRIU connects to Addr (127.0.0.1) as its page
-// server; the relay forwards the stream to a receiver and digests it.
+// server; the relay forwards the stream to a receiver and digests it with
+// checkpoint.PageDigestDefault, which its header announces to the receiver.
 type PageRelay struct {
 	ln   net.Listener
 	done chan struct{}
@@ -390,7 +406,7 @@ func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay
 	if _, err := Handshake(conn); err != nil {
 		return nil, fmt.Errorf("page relay for %s: %w", name, err)
 	}
-	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true})
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: checkpoint.PageDigestDefault})
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +456,10 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 		_ = c.(*net.TCPConn).CloseWrite()
 		back <- err
 	}()
-	var h hash.Hash = sha256.New()
+	h, err := checkpoint.NewPageDigest(checkpoint.PageDigestDefault)
+	if err != nil {
+		return checkpoint.PageStream{}, err
+	}
 	// over TLS, one write of up to 256 KiB per 16 KiB records rather than one per record
 	w, unbatch := coalescedFrames(conn)
 	n, err := writeFrames(w, c, h)
@@ -456,7 +475,7 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 	case <-ctx.Done():
 		return checkpoint.PageStream{}, ctx.Err()
 	}
-	return checkpoint.PageStream{Digest: checkpoint.DigestAlgorithm + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+	return checkpoint.PageStream{Digest: checkpoint.PageDigest(checkpoint.PageDigestDefault, h), Size: n}, nil
 }
 
 // Wait returns the stream's digest and length once CRIU ended it and the receiver closed.

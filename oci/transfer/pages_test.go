@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeebo/blake3"
+
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/transfer/frame"
 )
 
 // fakeCRIU writes a "criu" that, as `criu page-server --images-dir D --ps-socket 3 ...`, copies
@@ -69,8 +73,8 @@ func TestPageStreamAdopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(data)
-	if want := checkpoint.DigestAlgorithm + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(len(data)) {
+	sum := blake3.Sum256(data) // the library's own sum, not the relay's code path
+	if want := "blake3:" + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(len(data)) {
 		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, len(data))
 	}
 
@@ -119,35 +123,131 @@ func TestPageStreamAdopted(t *testing.T) {
 	}
 }
 
+// TestPageStreamDigestMismatchRefused: the receiver keeps a page stream only if the signed
+// manifest records its digest, in the algorithm its sender announced: pages one byte off what was
+// signed, and a manifest that records a digest in another algorithm (even a correct one), are
+// refused and nothing is kept.
 func TestPageStreamDigestMismatchRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the relay accepts only root's CRIU")
 	}
+	data := []byte("the pages that arrived")
+	tampered := bytes.Clone(data)
+	tampered[4] ^= 1
+	b3 := blake3.Sum256(tampered)
+	s256 := sha256.Sum256(data)
+	for _, tc := range []struct {
+		name, signed, want string
+	}{
+		{"tampered byte, blake3", "blake3:" + hex.EncodeToString(b3[:]), "the signed manifest records blake3:"},
+		{"sha256 signed for a blake3 stream", "sha256:" + hex.EncodeToString(s256[:]), "arrived digested with blake3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "root")
+			addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+			relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sendPages(t, relay, data)
+			ps, err := relay.Wait(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps.Digest = tc.signed // the source signed something else
+			dir := filepath.Join(t.TempDir(), "c1")
+			makeCheckpoint(t, dir, 64<<10)
+			if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+				t.Fatal(err)
+			}
+			// makeCheckpoint's own pages-*.img are listed files here; the stream's would collide,
+			// but the digest is checked first
+			_, err = Send(context.Background(), dial(t, addr), dir, "c1", nil)
+			if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Send = %v, want ErrRejected saying %q", err, tc.want)
+			}
+			wait(t, out)
+			wait(t, out)
+			assertRootClean(t, root)
+		})
+	}
+}
+
+// announcePages writes a page stream's header with pageDigest alg ("" for none, as senders
+// before it did) on a greeted connection to addr.
+func announcePages(t *testing.T, addr, name, alg string) net.Conn {
+	t.Helper()
+	conn := dial(t, addr)
+	if _, err := Handshake(conn); err != nil {
+		t.Fatal(err)
+	}
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: alg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(append(line, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestPageStreamUnknownAlgorithmRefused: a sender announcing a page digest algorithm this
+// receiver does not know is refused before any page server starts (the stand-in would write
+// pages-1.img), with the algorithm named; nothing is kept.
+func TestPageStreamUnknownAlgorithmRefused(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "root")
 	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
-	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
-	if err != nil {
+	conn := announcePages(t, addr, "c1", "md5")
+	if _, err := frame.Write(conn, bytes.NewReader([]byte("pages")), sha256.New()); err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Logf("writing after the refusal: %v", err)
+	}
+	o := wait(t, out)
+	if !errors.Is(o.err, checkpoint.ErrPageDigestAlgorithm) || !errors.Is(o.err, ErrPageStream) || !strings.Contains(o.err.Error(), `"md5"`) {
+		t.Fatalf("receiver: %v, want ErrPageStream and ErrPageDigestAlgorithm naming \"md5\"", o.err)
+	}
+	if b, err := io.ReadAll(conn); err != nil || len(b) != 0 {
+		t.Fatalf("the refused sender got %q, %v; want the connection closed without a page server's answer", b, err)
+	}
+	assertRootClean(t, root)
+}
+
+// TestPageStreamSHA256SenderAdopted: a sender that announces no algorithm (berth before
+// pageDigest) digested its stream with SHA-256, and the receiver still verifies and keeps it.
+func TestPageStreamSHA256SenderAdopted(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	conn := announcePages(t, addr, "c1", "")
+	data := bytes.Repeat([]byte("page"), 100000)
+	h := sha256.New()
+	if _, err := frame.Write(conn, bytes.NewReader(data), h); err != nil {
 		t.Fatal(err)
 	}
-	sendPages(t, relay, []byte("the pages that arrived"))
-	ps, err := relay.Wait(context.Background())
-	if err != nil {
-		t.Fatal(err)
+	_ = conn.(*net.TCPConn).CloseWrite()
+	if b, _ := io.ReadAll(conn); string(b) != "ok" {
+		t.Fatalf("the page server's answer: %q", b)
 	}
-	ps.Digest = checkpoint.DigestAlgorithm + hex.EncodeToString(make([]byte, 32)) // signed something else
+	ps := checkpoint.PageStream{Digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), Size: int64(len(data))}
 	dir := filepath.Join(t.TempDir(), "c1")
 	makeCheckpoint(t, dir, 64<<10)
+	for _, p := range []string{"pages-1.img", "pages-2.img"} {
+		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
 		t.Fatal(err)
 	}
-	// makeCheckpoint's own pages-*.img are listed files here; the stream's would collide, but
-	// the digest is checked first
-	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); !errors.Is(err, ErrRejected) {
-		t.Fatalf("Send = %v, want ErrRejected", err)
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
+		t.Fatal(err)
 	}
-	wait(t, out)
-	wait(t, out)
-	assertRootClean(t, root)
+	for range 2 {
+		if o := wait(t, out); o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "c1", "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("page image not adopted intact: %v", err)
+	}
 }
 
 // TestPageStreamCut cuts the relay's connection mid-stream: the relay reports the cut (the move
@@ -229,8 +329,8 @@ func TestPageStreamTLSAnswersMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(append([]byte("hello"), rest...))
-	if want := checkpoint.DigestAlgorithm + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(5+len(rest)) {
+	sum := blake3.Sum256(append([]byte("hello"), rest...))
+	if want := "blake3:" + hex.EncodeToString(sum[:]); ps.Digest != want || ps.Size != int64(5+len(rest)) {
 		t.Fatalf("relay digested %s (%d bytes), want %s (%d)", ps.Digest, ps.Size, want, 5+len(rest))
 	}
 }

@@ -103,6 +103,11 @@ type header struct {
 	// space before the page server starts, and ends a stream that goes past it; it counts every
 	// stream's bytes as they arrive either way (pagespace.go).
 	PageBytes int64 `json:"pageBytes,omitempty"`
+	// PageDigest, with Pages (copy mode), is the algorithm the sender digests the page stream
+	// with and signs (checkpoint.PageDigestAlgorithms); "" is checkpoint.PageDigestSHA256, what
+	// senders before it used. The receiver digests with the same one, and refuses a stream
+	// whose algorithm it does not know before its page server starts.
+	PageDigest string `json:"pageDigest,omitempty"`
 	// Layout is "" for a berth checkpoint directory packed by oci/archive (Manifest is its
 	// top-level berth.json), or LayoutCRI for a CRI checkpoint archive sent as it is (Manifest
 	// is its checkpoint/berth.json).

@@ -90,7 +90,7 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 				return err
 			}
 			defer conn.Close()
-			if err := transfer.AnnouncePages(conn, name); err != nil {
+			if err := transfer.AnnouncePages(conn, name, checkpoint.PageDigestDefault); err != nil {
 				return err
 			}
 			framed, err := armPages(ctx, cmd.OutOrStdout(), dir, container, name, start.Add(expire))
@@ -149,7 +149,7 @@ func armPages(ctx context.Context, out io.Writer, dir, container, name string, e
 	if err := os.Chmod(sock, 0o600); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
-	b, err := json.Marshal(checkpoint.PageStreamRequest{Container: container, Name: name, Socket: sockName, Expires: expires.UTC()})
+	b, err := json.Marshal(checkpoint.PageStreamRequest{Container: container, Name: name, Socket: sockName, Expires: expires.UTC(), Digest: checkpoint.PageDigestDefault})
 	if err != nil {
 		return nil, err
 	}
