@@ -62,7 +62,12 @@ func BridgePages(ctx context.Context, conn, framed net.Conn) (int64, error) {
 		}
 		back <- err
 	}()
-	n, err := io.Copy(conn, framed)
+	// over TLS, one write of up to 256 KiB per read from the shim's socket rather than one per
+	// 16 KiB record, flushed before the next read: the page server may have to answer any byte
+	// before more comes (coalescedFrames)
+	w, unbatch := coalescedFrames(conn)
+	n, err := io.CopyBuffer(w, struct{ io.Reader }{framed}, make([]byte, maxFrame))
+	unbatch()
 	if cw, ok := underlying(conn).(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/berth-dev/berth/oci/transfer/frame"
 )
 
 // BenchmarkPageRelay streams BERTH_BENCH_RELAY_MIB (default 256) MiB through a PageRelay to a
@@ -112,4 +115,83 @@ func rawLoopback(b *testing.B, data []byte, mib int) time.Duration {
 	_ = ours.(*net.TCPConn).CloseWrite()
 	<-done
 	return time.Since(start)
+}
+
+// BenchmarkPageBridge streams BERTH_BENCH_RELAY_MIB (default 256) MiB of frames, as the shim's
+// armed relay writes them, through an agent's BridgePages from a unix socket to a Receiver over
+// mutual TLS whose page server is a stand-in that discards the stream (`cat`): the agent's and the
+// receiver's part of a `kubectl berth move` page stream, without CRIU and the shim's digest.
+// Metrics: MB/s and cpu-s/GiB (this process's CPU time: the test's framing writer, the bridge and
+// the receiver).
+func BenchmarkPageBridge(b *testing.B) {
+	mib := 256
+	if s := os.Getenv("BERTH_BENCH_RELAY_MIB"); s != "" {
+		if _, err := fmt.Sscan(s, &mib); err != nil {
+			b.Fatalf("BERTH_BENCH_RELAY_MIB=%q: %v", s, err)
+		}
+	}
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	sink := filepath.Join(b.TempDir(), "criu")
+	if err := os.WriteFile(sink, []byte("#!/bin/sh\ncat <&3 >/dev/null && printf ok >&3\n"), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	ca := newTestCA(b, "bench-ca")
+	addr, _ := serve(b, &Receiver{Root: b.TempDir(), NoSync: true, CRIU: sink}, serverTLS(b, ca.node(b, "receiver")))
+	cli := clientTLS(b, ca.node(b, "sender"))
+	var total time.Duration
+	cpu0 := cpuTime(b)
+	for range b.N {
+		conn, err := Dial(context.Background(), addr, cli)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := AnnouncePages(conn, fmt.Sprintf("bench-%d", time.Now().UnixNano()), "blake3"); err != nil {
+			b.Fatal(err)
+		}
+		shim, agent := unixPair(b)
+		start := time.Now()
+		go func() {
+			src := io.MultiReader(func() []io.Reader {
+				rs := make([]io.Reader, mib/4)
+				for i := range rs {
+					rs[i] = bytes.NewReader(data)
+				}
+				return rs
+			}()...)
+			_, _ = frame.Write(shim, src, nopHash{})
+			_ = shim.(*net.UnixConn).CloseWrite()
+		}()
+		done := make(chan struct{})
+		go func() { _, _ = io.Copy(io.Discard, shim); close(done) }()
+		if _, err := BridgePages(context.Background(), conn, agent); err != nil {
+			b.Fatal(err)
+		}
+		<-done
+		shim.Close()
+		total += time.Since(start)
+	}
+	per := total / time.Duration(b.N)
+	b.ReportMetric((cpuTime(b)-cpu0).Seconds()/float64(b.N)/(float64(mib)/1024), "cpu-s/GiB")
+	b.ReportMetric(float64(mib<<20)/per.Seconds()/1e6, "MB/s")
+}
+
+// unixPair returns both ends of a connected unix socket, as the shim's relay and an agent hold.
+func unixPair(b *testing.B) (net.Conn, net.Conn) {
+	ln, err := net.Listen("unix", filepath.Join(b.TempDir(), "s"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, s
 }

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/zeebo/blake3"
@@ -365,5 +367,97 @@ func TestReceiverPageServer(t *testing.T) {
 		if !errors.Is(err, ErrPageStream) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want ErrPageStream naming %s", tc.criu, err, tc.want)
 		}
+	}
+}
+
+// TestReadFrames: the receiver's reading of frames yields the bytes and digest that were framed,
+// however its reader splits them, and a stream cut mid-frame or before its end frame is
+// io.ErrUnexpectedEOF.
+func TestReadFrames(t *testing.T) {
+	data := make([]byte, 3<<20+12345)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	var framed bytes.Buffer
+	if _, err := frame.Write(&framed, iotest.HalfReader(bytes.NewReader(data)), sha256.New()); err != nil {
+		t.Fatal(err)
+	}
+	want := blake3.Sum256(data)
+	for _, tc := range []struct {
+		name string
+		r    func(b []byte) io.Reader
+	}{
+		{"plain", func(b []byte) io.Reader { return iotest.HalfReader(bytes.NewReader(b)) }},
+		{"bufio 16 B", func(b []byte) io.Reader { return bufio.NewReaderSize(bytes.NewReader(b), 16) }},
+		{"bufio 64 KiB, short reads", func(b []byte) io.Reader {
+			return bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b)), 64<<10)
+		}},
+		{"bufio 1 MiB", func(b []byte) io.Reader { return bufio.NewReaderSize(bytes.NewReader(b), recvBufferSize) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			h := blake3.New()
+			n, err := readFrames(&out, tc.r(framed.Bytes()), h)
+			if err != nil || n != int64(len(data)) || !bytes.Equal(out.Bytes(), data) || !bytes.Equal(h.Sum(nil), want[:]) {
+				t.Fatalf("readFrames = %d, %v; same bytes %v, same digest %v", n, err, bytes.Equal(out.Bytes(), data), bytes.Equal(h.Sum(nil), want[:]))
+			}
+			for _, cut := range []int{framed.Len() - 4, framed.Len() - 5, 4 + 1000, 3} {
+				out.Reset()
+				if _, err := readFrames(&out, tc.r(framed.Bytes()[:cut]), blake3.New()); !errors.Is(err, io.ErrUnexpectedEOF) {
+					t.Errorf("cut at %d of %d: %v, want io.ErrUnexpectedEOF", cut, framed.Len(), err)
+				}
+			}
+		})
+	}
+}
+
+// TestBridgePagesTLSAnswersMidStream: an agent's bridge gathers the TLS records of what it reads
+// from the shim's socket into larger writes, but writes out everything it read before it reads
+// again: the page server answers the first 5 bytes before the shim (here, the test) sends more,
+// and its last answer once the rest, several frames, arrived.
+func TestBridgePagesTLSAnswersMidStream(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\n" +
+		"head -c 5 <&3 >\"$3/pages-1.img\" && printf ack >&3 && cat <&3 >>\"$3/pages-1.img\" && printf ok >&3\n"
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ca := newTestCA(t, "cluster-ca")
+	root := t.TempDir()
+	addr, _ := serve(t, &Receiver{Root: root, NoSync: true, CRIU: p}, serverTLS(t, ca.node(t, "node-a")))
+	conn, err := Dial(context.Background(), addr, clientTLS(t, ca.node(t, "node-b")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := AnnouncePages(conn, "c1", checkpoint.PageDigestBLAKE3); err != nil {
+		t.Fatal(err)
+	}
+	shim, agent := net.Pipe()
+	bridged := make(chan error, 1)
+	go func() { _, err := BridgePages(context.Background(), conn, agent); bridged <- err }()
+	_ = shim.SetDeadline(time.Now().Add(10 * time.Second))
+	frameOf := func(b []byte) []byte { // one frame of b, no end frame
+		var f bytes.Buffer
+		_, _ = frame.Write(&f, bytes.NewReader(b), blake3.New())
+		return f.Bytes()[:f.Len()-4]
+	}
+	if _, err := shim.Write(frameOf([]byte("hello"))); err != nil {
+		t.Fatal(err)
+	}
+	ack := make([]byte, 3)
+	if _, err := io.ReadFull(shim, ack); err != nil || string(ack) != "ack" {
+		t.Fatalf("the page server's answer to the first 5 bytes: %q, %v (bytes stuck in the bridge's TLS buffer?)", ack, err)
+	}
+	rest := bytes.Repeat([]byte("page"), 700000) // several frames
+	go func() {
+		_, _ = frame.Write(shim, bytes.NewReader(rest), blake3.New())
+	}()
+	answer := make([]byte, 2)
+	if _, err := io.ReadFull(shim, answer); err != nil || string(answer) != "ok" {
+		t.Fatalf("the page server's last answer: %q, %v", answer, err)
+	}
+	shim.Close()
+	if err := <-bridged; err != nil {
+		t.Fatal(err)
 	}
 }
