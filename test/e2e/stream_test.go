@@ -11,6 +11,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/transfer"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
@@ -49,6 +50,11 @@ func TestMigrateInferenceCopyMode(t *testing.T) {
 	srcPages, _ := filepath.Glob(filepath.Join(work, "*", "checkpoint", "pages-*.img"))
 	if kept, _ := filepath.Glob(filepath.Join(work, "*", "berth.json")); len(kept) == 0 {
 		t.Errorf("no checkpoint kept in %s (--keep-local)", work)
+	} else if m, err := checkpoint.ReadManifest(filepath.Dir(kept[0])); err != nil {
+		t.Error(err)
+	} else if m.PageStream == nil || !strings.HasPrefix(m.PageStream.Digest, checkpoint.PageDigestBLAKE3+":") {
+		// the digest the source signed and the destination matched is BLAKE3's, named
+		t.Errorf("the signed manifest's pageStream = %+v, want a %s digest", m.PageStream, checkpoint.PageDigestBLAKE3)
 	}
 	if len(srcPages) > 0 {
 		t.Errorf("page images written on the source in copy mode: %v", srcPages)
