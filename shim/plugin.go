@@ -64,8 +64,8 @@ func Register(configPath string) {
 // by berth-shim-helper, run through the reaper: package shim/helper), the GPU backend that cfg.GPU
 // names (backend.OpenLazy: CUDA is loaded by the first call that needs the GPUs, so a
 // container that never checkpoints or restores one does not carry it; the inventory is NVML read
-// by one `berth-shim-helper gpu-inventory` process, started by that call too and kept while the
-// shim runs: helper.Inventory), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
+// by a `berth-shim-helper gpu-inventory` process, started by that call too and kept until the
+// shim's GPU calls have been idle for helper.InventoryIdle: helper.Inventory), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
 // names the key file), and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
 	policy, err := signature.LoadPolicy(cfg.TrustConfig)

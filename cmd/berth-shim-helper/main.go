@@ -5,8 +5,8 @@
 // criu/images). The shim runs it once per request, as `berth-shim-helper serve`, with the
 // request as JSON on standard input and the answer as JSON on standard output (package
 // shim/helper). On a CUDA node the shim also runs one `berth-shim-helper gpu-inventory` from its
-// first GPU checkpoint or restore on, for as long as it runs: it reads the GPU inventory through
-// NVML (package gpu/nvml) and answers one JSON request per line. Install it
+// first GPU checkpoint or restore on, until the shim has been idle for a minute: it reads the
+// GPU inventory through NVML (package gpu/nvml) and answers one JSON request per line. Install it
 // beside containerd-shim-berth-v2 (or anywhere in containerd's PATH); it is not meant to be run
 // by hand.
 package main
@@ -27,8 +27,8 @@ func main() {
 	case len(os.Args) == 2 && os.Args[1] == helper.Command:
 		os.Exit(run())
 	case len(os.Args) == 2 && os.Args[1] == helper.InventoryCommand:
-		// until standard input ends: the shim closed it or exited
-		os.Exit(helper.ServeInventory(os.Stdin, os.Stdout, serve.OpenInventory))
+		// until standard input ends (the shim closed it or exited) or the shim is idle
+		os.Exit(helper.ServeInventory(os.Stdin, os.Stdout, serve.OpenInventory, helper.InventoryIdle))
 	}
 	fmt.Fprintf(os.Stderr, "usage: %s %s < request.json, or %s %s < requests (run by containerd-shim-berth-v2, not by hand)\n",
 		helper.Name, helper.Command, helper.Name, helper.InventoryCommand)

@@ -9,7 +9,7 @@
 // container its size: about 1.9 MB for the registry client, 0.4 MB for the image bindings and 1.4
 // MB for NVML's bindings, to serve the few restores and checkpoints that need them. A request
 // costs a process start, about 10 ms; the inventory's process is started once, by the shim's
-// first GPU call, and answers every later call over a pipe.
+// first GPU call, and answers the calls that follow over a pipe until they pause for a minute.
 //
 // One call is one run of the helper (`berth-shim-helper serve`; the inventory is the exception,
 // `berth-shim-helper gpu-inventory`: one process, one JSON request and answer per line, see

@@ -16,7 +16,8 @@ import (
 )
 
 // InventoryCommand is the helper's command-line argument for serving a CUDA node's GPU inventory
-// (NVML) to the shim, in one process kept for as long as the shim runs (Inventory, ServeInventory).
+// (NVML) to the shim, in one process that answers the shim's calls until they have been idle for
+// InventoryIdle (Inventory, ServeInventory).
 const InventoryCommand = "gpu-inventory"
 
 // Ops of an InventoryRequest: one per gpu.Inventory and gpu.Topologist method, and InvOpen.
@@ -60,19 +61,55 @@ type Versions struct {
 	CUDA        string `json:"cuda"`
 }
 
+// InventoryIdle is how long `berth-shim-helper gpu-inventory` waits for the shim's next request
+// before it exits (the next call starts a new one): a shim's GPU calls come in bursts, one
+// checkpoint or restore, and a container may run for months after its restore.
+const InventoryIdle = time.Minute
+
 // ServeInventory answers the InventoryRequests read from in (one JSON object each), each with
-// one InventoryAnswer on out, until in ends (the shim closed it or exited). The inventory is
-// opened with open by the first request, and by the next one again after a failed open (a
-// driver still loading at boot), whose error every request until then answers with. It returns
-// the helper's exit status: 0 when in ended, 2 when a request could not be read or an answer
-// not written.
-func ServeInventory(in io.Reader, out io.Writer, open func() (gpu.Inventory, error)) int {
-	dec := json.NewDecoder(in)
+// one InventoryAnswer on out, until in ends (the shim closed it or exited) or no request came for
+// idle (0: no limit). The inventory is opened with open by the first request, and by the next
+// one again after a failed open (a driver still loading at boot), whose error every request until
+// then answers with; it is closed on return when it is an io.Closer (nvmlShutdown). It returns
+// the helper's exit status: 0 when in ended or it was idle, 2 when a request could not be read
+// or an answer not written.
+func ServeInventory(in io.Reader, out io.Writer, open func() (gpu.Inventory, error), idle time.Duration) int {
+	type request struct {
+		req InventoryRequest
+		err error
+	}
+	reqs := make(chan request)
+	go func() {
+		dec := json.NewDecoder(in)
+		for {
+			var r request
+			r.err = dec.Decode(&r.req)
+			reqs <- r
+			if r.err != nil {
+				return
+			}
+		}
+	}()
 	enc := json.NewEncoder(out)
 	var inv gpu.Inventory
+	defer func() {
+		if c, ok := inv.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}()
+	var timeout <-chan time.Time
 	for {
-		var req InventoryRequest
-		if err := dec.Decode(&req); err != nil {
+		if idle > 0 {
+			timeout = time.After(idle)
+		}
+		var r request
+		select {
+		case r = <-reqs:
+		case <-timeout:
+			return 0
+		}
+		req := r.req
+		if err := r.err; err != nil {
 			if errors.Is(err, io.EOF) {
 				return 0
 			}
@@ -130,9 +167,11 @@ func answerInventory(inv gpu.Inventory, req InventoryRequest) (InventoryAnswer, 
 // The process is started by the first call (Open, from the shim's lazy GPU backend: the first
 // checkpoint or restore that needs the GPUs), opens NVML once and then answers each call over its
 // standard input and output (a pipe round trip, no process start per call), until the shim
-// exits or Close is called. A process that dies or breaks the protocol is stopped, the call
-// returns an error naming it with the end of its standard error, and the next call starts a new
-// one. Calls are serialised.
+// exits, Close is called, or no call came for InventoryIdle (the helper then exits, so that a
+// container's shim does not keep it, and NVML, for the months the container may run after its
+// restore). A call whose helper exited or broke the protocol stops it and is sent once more to
+// a new helper (every request only reads); when that fails too, the call returns an error
+// naming the helper with the end of its standard error. Calls are serialised.
 //
 // Path is the helper (Find, when empty). Start starts cmd and returns a function that waits for
 // its exit (the shim starts it through containerd's reaper, which owns every child of a shim);
@@ -228,25 +267,34 @@ func (i *Inventory) Close() error {
 func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.p == nil {
-		p, err := i.start()
-		if err != nil {
-			return nil, err
+	for attempt := 1; ; attempt++ {
+		if i.p == nil {
+			p, err := i.start()
+			if err != nil {
+				return nil, err
+			}
+			i.p = p
 		}
-		i.p = p
-	}
-	p := i.p
-	var a InventoryAnswer
-	err := p.enc.Encode(req)
-	if err == nil {
-		err = p.dec.Decode(&a)
-	}
-	if err != nil {
+		p := i.p
+		var a InventoryAnswer
+		err := p.enc.Encode(req)
+		if err == nil {
+			err = p.dec.Decode(&a)
+		}
+		if err == nil {
+			if a.Error != nil {
+				return nil, a.Error.Err()
+			}
+			return &a, nil
+		}
 		i.p = nil
 		p.stop()
 		select { // so that its standard error is read to the end
 		case <-p.exited:
 		case <-time.After(2 * time.Second):
+		}
+		if attempt < 2 {
+			continue // it was idle and exited, or died: once more, with a new helper
 		}
 		if errors.Is(err, io.EOF) {
 			err = errors.New("it exited without an answer")
@@ -256,10 +304,6 @@ func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 		}
 		return nil, fmt.Errorf("%s %s %s: %w", Name, InventoryCommand, req.Op, err)
 	}
-	if a.Error != nil {
-		return nil, a.Error.Err()
-	}
-	return &a, nil
 }
 
 // start starts a gpu-inventory helper on two pipes.

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/fake"
@@ -17,9 +20,17 @@ import (
 
 // serveInventoryForTest is the test binary as `berth-shim-helper gpu-inventory`, serving the fake
 // GPU node at $BERTH_HELPER_FAKE_ROOT (fake.Open: it fails while the node is not set up).
+// $BERTH_HELPER_IDLE is its idle limit (a duration; none when unset); with
+// $BERTH_HELPER_CRASH set it writes to standard error and exits 3 on its first request.
 func serveInventoryForTest() int {
 	root := os.Getenv("BERTH_HELPER_FAKE_ROOT")
-	return ServeInventory(os.Stdin, os.Stdout, func() (gpu.Inventory, error) { return openFake(root) })
+	if os.Getenv("BERTH_HELPER_CRASH") != "" {
+		_, _ = io.ReadAll(io.LimitReader(os.Stdin, 1))
+		fmt.Fprintln(os.Stderr, "inventory helper crashed on purpose")
+		return 3
+	}
+	idle, _ := time.ParseDuration(os.Getenv("BERTH_HELPER_IDLE"))
+	return ServeInventory(os.Stdin, os.Stdout, func() (gpu.Inventory, error) { return openFake(root) }, idle)
 }
 
 // openFake opens the fake node at root as an inventory (nil, not a typed nil, on error).
@@ -49,15 +60,16 @@ func fakeNodeSpec() fake.NodeSpec {
 		Links: [][]string{{"X", "NV4"}, {"NV4", "X"}}}
 }
 
-// selfInventory runs this test binary as the gpu-inventory helper for the fake node at root.
-func selfInventory(t *testing.T, root string) *Inventory {
+// selfInventory runs this test binary as the gpu-inventory helper for the fake node at root,
+// with the extra environment entries env.
+func selfInventory(t *testing.T, root string, env ...string) *Inventory {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	inv := &Inventory{Path: exe, Start: func(cmd *exec.Cmd) (func() error, error) {
-		cmd.Env = append(os.Environ(), "BERTH_HELPER_TEST=inventory", "BERTH_HELPER_FAKE_ROOT="+root)
+		cmd.Env = append(append(os.Environ(), "BERTH_HELPER_TEST=inventory", "BERTH_HELPER_FAKE_ROOT="+root), env...)
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
@@ -78,9 +90,9 @@ func (i *Inventory) helperPID() int {
 }
 
 // TestInventoryRunsHelper reads a fake GPU node through a gpu-inventory helper process: every
-// answer equals the node's own (as JSON encodes it), errors keep their message and gpu.ErrUnsupported, one process
-// answers every call, a failed open is retried by the next call, and a helper that died is
-// reported with its standard error and replaced.
+// answer equals the node's own (as JSON encodes it), errors keep their message and
+// gpu.ErrUnsupported, one process answers every call, a failed open is retried by the next call,
+// and a call whose helper died goes to a new one.
 func TestInventoryRunsHelper(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "gpus")
 	inv := selfInventory(t, root)
@@ -127,18 +139,54 @@ func TestInventoryRunsHelper(t *testing.T) {
 		t.Fatalf("helper %d, was %d: one process should answer every call", inv.helperPID(), first)
 	}
 
-	// a helper that died: the call says so, the next one starts another
+	// a helper that died: the call goes to a new one
 	inv.mu.Lock()
 	_ = inv.p.cmd.Process.Kill()
+	exited := inv.p.exited
 	inv.mu.Unlock()
-	if _, err := inv.Devices(); err == nil || !strings.Contains(err.Error(), InventoryCommand) {
-		t.Fatalf("Devices from a killed helper: %v; want an error naming %s", err, InventoryCommand)
-	}
-	if devs, err := inv.Devices(); err != nil || len(devs) != 2 || inv.helperPID() == first {
-		t.Fatalf("Devices after the helper died: %v %v (helper %d); want a new helper's answer", devs, err, inv.helperPID())
+	<-exited
+	if devs, err := inv.Devices(); err != nil || len(devs) != 2 || inv.helperPID() == first || inv.helperPID() == 0 {
+		t.Fatalf("Devices after the helper died: %v %v (helper %d, was %d); want a new helper's answer", devs, err, inv.helperPID(), first)
 	}
 	if err := inv.Close(); err != nil || inv.helperPID() != 0 {
 		t.Fatalf("Close: %v, helper %d", err, inv.helperPID())
+	}
+}
+
+// TestInventoryHelperIdle: a helper left idle exits by itself, and the next call starts another.
+func TestInventoryHelperIdle(t *testing.T) {
+	root := t.TempDir()
+	if _, err := fake.Setup(root, fakeNodeSpec()); err != nil {
+		t.Fatal(err)
+	}
+	inv := selfInventory(t, root, "BERTH_HELPER_IDLE=200ms")
+	if _, err := inv.Devices(); err != nil {
+		t.Fatal(err)
+	}
+	first := inv.helperPID()
+	inv.mu.Lock()
+	exited := inv.p.exited
+	inv.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the idle helper did not exit")
+	}
+	if v, err := inv.Versions(); err != nil || v.Driver != "580.65.06" || inv.helperPID() == first {
+		t.Fatalf("Versions after the idle exit: %+v %v (helper %d, was %d); want a new helper's answer", v, err, inv.helperPID(), first)
+	}
+}
+
+// TestInventoryHelperCrashes: a helper that dies on every request: the call is tried on a second
+// one, then fails naming the command, the op and the helper's standard error.
+func TestInventoryHelperCrashes(t *testing.T) {
+	inv := selfInventory(t, t.TempDir(), "BERTH_HELPER_CRASH=1")
+	_, err := inv.Devices()
+	if err == nil || !strings.Contains(err.Error(), InventoryCommand+" "+InvDevices) || !strings.Contains(err.Error(), "crashed on purpose") {
+		t.Fatalf("Devices from a crashing helper: %v; want an error naming %s %s and its standard error", err, InventoryCommand, InvDevices)
+	}
+	if inv.helperPID() != 0 {
+		t.Fatalf("helper %d kept after it crashed", inv.helperPID())
 	}
 }
 
@@ -152,7 +200,7 @@ func TestServeInventory(t *testing.T) {
 	open := func() (gpu.Inventory, error) { return openFake(root) }
 	var out bytes.Buffer
 	in := `{"op":"open"}` + "\n" + `{"op":"versions"}` + `{"op":"flush"}` + "\n" + `{"op":"devices"}`
-	if rc := ServeInventory(strings.NewReader(in), &out, open); rc != 0 {
+	if rc := ServeInventory(strings.NewReader(in), &out, open, 0); rc != 0 {
 		t.Fatalf("exit %d", rc)
 	}
 	dec := json.NewDecoder(&out)
@@ -168,7 +216,7 @@ func TestServeInventory(t *testing.T) {
 		as[2].Error == nil || !strings.Contains(as[2].Error.Message, `"flush"`) || len(as[3].Devices) != 2 {
 		t.Fatalf("answers: %+v", as)
 	}
-	if rc := ServeInventory(strings.NewReader("not json"), &bytes.Buffer{}, open); rc != 2 {
+	if rc := ServeInventory(strings.NewReader("not json"), &bytes.Buffer{}, open, 0); rc != 2 {
 		t.Errorf("unreadable request: exit %d, want 2", rc)
 	}
 }
