@@ -42,7 +42,10 @@ type PageStreamRequest struct {
 	Expires time.Time `json:"expires"`
 	// Digest is the algorithm the shim digests the stream with (PageDigestAlgorithms), the one
 	// the agent announced to the receiver; "" is PageDigestSHA256 (agents before it). The shim
-	// refuses a request naming one it does not know (ErrBadPageStreamRequest).
+	// refuses a request naming one it does not know (ErrBadPageStreamRequest). A shim older than
+	// this field ignores it and signs a SHA-256 digest; the receiver then refuses the checkpoint,
+	// whose manifest records another algorithm than the one announced, and the move fails with
+	// the source running.
 	Digest string `json:"digest,omitempty"`
 }
 
