@@ -64,8 +64,8 @@ import (
 // page arrived, the source frozen meanwhile). Where ctr ran: ctr-downtime-ms, ctr/berth (its
 // downtime / copy mode's, copy being berth's default) and ctr/berth-lazy (/ lazy mode's); its own
 // sub-benchmark reports each step's wall time (checkpoint-ms, stop-source-ms, export-ms,
-// import-ms, restore-ms, loopback-up-ms). The printed table has a ctr column ("-" where it did not run) and the
-// plot draws each path measured at one size only as a point.
+// import-ms, restore-ms, loopback-up-ms). The printed table has a ctr column ("-" where it did not
+// run) and the plot draws each path measured at one size only as a point.
 func BenchmarkStream(b *testing.B) {
 	c := needCluster(b)
 	prewarm := prewarmMemory(b)
