@@ -1,22 +1,28 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
-// plotStream draws BenchmarkStream's downtime against memory size, one line per path, into path
-// (the extension picks the format: .png, .svg, .pdf).
+// plotStream draws BenchmarkStream's downtime against memory size, one line per path (a point
+// for a path measured at one size), on a logarithmic downtime axis, into path (the extension
+// picks the format: .png, .svg, .pdf). Paths with no figure (0: not run or failed) are left out.
 func plotStream(rows []streamRow, path string) error {
 	p := plot.New()
 	p.Title.Text = "Downtime seen by the workload's client"
 	p.X.Label.Text = "workload memory (MiB)"
 	p.Y.Label.Text = "downtime (s)"
 	p.Legend.Top, p.Legend.Left = true, true
+	// log scale: the paths span two orders of magnitude (lazy mode's tenths of a second, the ctr
+	// path's tens of seconds)
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	paths := []struct {
 		name string
 		get  func(streamRow) float64
@@ -28,7 +34,9 @@ func plotStream(rows []streamRow, path string) error {
 		{"berth stored", func(r streamRow) float64 { return r.stored.Seconds() }, color.RGBA{R: 220, G: 120, B: 40, A: 255}},
 		{"berth copy", func(r streamRow) float64 { return r.copy.Seconds() }, color.RGBA{R: 30, G: 140, B: 60, A: 255}},
 		{"berth lazy (post-copy)", func(r streamRow) float64 { return r.lazy.Seconds() }, color.RGBA{R: 160, G: 40, B: 160, A: 255}},
+		{"ctr checkpoint/export/import/restore (runc)", func(r streamRow) float64 { return r.ctr.Seconds() }, color.RGBA{R: 200, G: 30, B: 30, A: 255}},
 	}
+	drawn := 0
 	for _, ph := range paths {
 		pts := make(plotter.XYs, 0, len(rows))
 		for _, r := range rows {
@@ -39,6 +47,17 @@ func plotStream(rows []streamRow, path string) error {
 		if len(pts) == 0 {
 			continue
 		}
+		drawn++
+		if len(pts) == 1 { // measured at one size (the ctr path by default): a point, no line
+			s, err := plotter.NewScatter(pts)
+			if err != nil {
+				return err
+			}
+			s.Color, s.Shape, s.Radius = ph.c, draw.BoxGlyph{}, vg.Points(4)
+			p.Add(s)
+			p.Legend.Add(ph.name, s)
+			continue
+		}
 		l, s, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return err
@@ -46,6 +65,9 @@ func plotStream(rows []streamRow, path string) error {
 		l.Color, s.Color = ph.c, ph.c
 		p.Add(l, s)
 		p.Legend.Add(ph.name, l, s)
+	}
+	if drawn == 0 {
+		return errors.New("no path has a figure")
 	}
 	if err := p.Save(6*vg.Inch, 4*vg.Inch, path); err != nil {
 		return fmt.Errorf("plot %s: %w", path, err)

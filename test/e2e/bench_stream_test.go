@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +18,11 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/berth-dev/berth/criu"
+	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -26,7 +32,8 @@ import (
 // between the last token streamed from the source and the first streamed from the destination.
 // One session streams (5 ms between tokens) while the workload, holding 256 MiB and 1 GiB of
 // weights (BERTH_BENCH_MIB; 4 GiB too where memory and disk allow, needResources says why
-// not), is moved six ways, one run each:
+// not), is moved six ways, one run each, and at 1 GiB (every size with BERTH_BENCH_CTR=1) a
+// seventh:
 //
 //	raw     CRIU alone on one node: `criu dump --tcp-close` of the workload run as a plain
 //	        process, images in a directory, then `criu restore` (the issue's A)
@@ -39,6 +46,13 @@ import (
 //	copy    berthctl migrate --mode copy
 //	lazy    berthctl migrate --mode lazy (post-copy; fs.pipe-max-size raised to 4 MiB for it and
 //	        put back after)
+//	ctr     containerd without berth, with the runc shim (io.containerd.runc.v2) as in
+//	        BenchmarkMigrate: the task checkpointed into a checkpoint image and ended (what
+//	        `ctr containers checkpoint --task --rw --image` does, with containerd's
+//	        WithCheckpointTaskExit: that command resumes the task and has no flag to end it), the
+//	        source removed, `ctr images export`, `ctr images import` on the destination, `ctr
+//	        containers restore --live --rw`, the restored task's loopback set up with nsenter and
+//	        ip (runc's restore leaves it down; berth's shim sets it up) (benchStreamCtr)
 //
 // The client notices the source stalled (no token for 20 ms), then polls the destination every
 // 5 ms and resumes the session there at the next token. Metrics per size: each path's downtime
@@ -47,7 +61,11 @@ import (
 // daemon has every page and exits), berth's own
 // view of the copy move (migrate's downtimeMs, and afterMs: the source's teardown, off the
 // critical path) and of the lazy one (lazy-pages-ms: from the destination's resume until every
-// page arrived, the source frozen meanwhile).
+// page arrived, the source frozen meanwhile). Where ctr ran: ctr-downtime-ms, ctr/berth (its
+// downtime / copy mode's, copy being berth's default) and ctr/berth-lazy (/ lazy mode's); its own
+// sub-benchmark reports each step's wall time (checkpoint-ms, stop-source-ms, export-ms,
+// import-ms, restore-ms, loopback-up-ms). The printed table has a ctr column ("-" where it did not
+// run) and the plot draws each path measured at one size only as a point.
 func BenchmarkStream(b *testing.B) {
 	c := needCluster(b)
 	prewarm := prewarmMemory(b)
@@ -75,6 +93,11 @@ func BenchmarkStream(b *testing.B) {
 				b.ReportMetric(r.copyReported, "copy-migrate-downtime-ms")
 				b.ReportMetric(r.copyAfter, "copy-teardown-ms")
 				b.ReportMetric(r.copyCPU/(float64(r.mib)/1024), "copy-berthctl-cpu-s/GiB")
+				if r.ctrRun {
+					b.ReportMetric(float64(r.ctr.Microseconds())/1000, "ctr-downtime-ms")
+					b.ReportMetric(ratio(r.ctr, r.copy), "ctr/berth")
+					b.ReportMetric(ratio(r.ctr, r.lazy), "ctr/berth-lazy")
+				}
 			})
 			rows = append(rows, r)
 		})
@@ -83,12 +106,17 @@ func BenchmarkStream(b *testing.B) {
 		fmt.Println()
 		fmt.Println(prewarm)
 		fmt.Println("downtime seen by the workload's client (last token from the source -> first from the destination), one run:")
-		fmt.Printf("%8s %9s %9s %11s %9s %9s %9s %10s %10s %12s %10s %14s %12s %12s %15s\n", "MiB", "raw ms", "ps ms", "postcopy ms", "stored ms", "copy ms", "lazy ms",
-			"copy/raw", "lazy/raw", "stored/raw", "ps/raw", "copy migrate", "teardown", "lazy pages", "postcopy pages")
+		fmt.Printf("%8s %9s %9s %11s %9s %9s %9s %9s %10s %10s %12s %10s %10s %10s %14s %12s %12s %15s\n", "MiB", "raw ms", "ps ms", "postcopy ms", "stored ms", "copy ms", "lazy ms", "ctr ms",
+			"copy/raw", "lazy/raw", "stored/raw", "ps/raw", "ctr/berth", "ctr/lazy", "copy migrate", "teardown", "lazy pages", "postcopy pages")
 		for _, r := range rows {
-			fmt.Printf("%8d %9s %9s %11s %9s %9s %9s %10.2f %10.2f %12.2f %10.2f %11.0f ms %9.0f ms %9.0f ms %12.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.postcopy), ms(r.stored), ms(r.copy), ms(r.lazy),
-				ratio(r.copy, r.raw), ratio(r.lazy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), r.copyReported, r.copyAfter, r.lazyPages, r.postcopyAll)
+			ctrMs, ctrCopy, ctrLazy := "-", "-", "-"
+			if r.ctrRun {
+				ctrMs, ctrCopy, ctrLazy = ms(r.ctr), fmt.Sprintf("%.2f", ratio(r.ctr, r.copy)), fmt.Sprintf("%.2f", ratio(r.ctr, r.lazy))
+			}
+			fmt.Printf("%8d %9s %9s %11s %9s %9s %9s %9s %10.2f %10.2f %12.2f %10.2f %10s %10s %11.0f ms %9.0f ms %9.0f ms %12.0f ms\n", r.mib, ms(r.raw), ms(r.ps), ms(r.postcopy), ms(r.stored), ms(r.copy), ms(r.lazy), ctrMs,
+				ratio(r.copy, r.raw), ratio(r.lazy, r.raw), ratio(r.stored, r.raw), ratio(r.ps, r.raw), ctrCopy, ctrLazy, r.copyReported, r.copyAfter, r.lazyPages, r.postcopyAll)
 		}
+		fmt.Println("(ctr: checkpoint, export, import, restore with containerd's ctr and the runc shim; ctr/berth: its downtime / berth copy mode's, ctr/lazy: / lazy mode's; \"-\": not run at that size, BERTH_BENCH_CTR=1 runs it at every size)")
 		fmt.Println("(lazy pages: from the destination's resume until every page arrived; postcopy pages: from the dump's start until the lazy-pages daemon exits)")
 		// the curve, drawn from these results: BERTH_BENCH_PLOT names the file (default
 		// _output/bench-stream.png in the repository)
@@ -116,9 +144,11 @@ func streamSizes(b *testing.B) []int {
 type streamRow struct {
 	mib                                   int
 	raw, ps, postcopy, stored, copy, lazy time.Duration
-	postcopyAll                           float64 // C: ms from the dump's start until every page arrived
-	copyReported, copyAfter               float64 // migrate's own downtimeMs and afterMs, copy mode
-	copyCPU                               float64 // berthctl migrate's CPU time (user+system, its page server's included), s, copy mode
+	ctr                                   time.Duration // the ctr path (benchStreamCtr); 0 where it failed or did not run
+	ctrRun                                bool          // the ctr path ran at this size (streamCtrAt)
+	postcopyAll                           float64       // C: ms from the dump's start until every page arrived
+	copyReported, copyAfter               float64       // migrate's own downtimeMs and afterMs, copy mode
+	copyCPU                               float64       // berthctl migrate's CPU time (user+system, its page server's included), s, copy mode
 	storedReported, storedAfter           float64
 	lazyPages                             float64 // migrate's pagesMs, lazy mode
 }
@@ -166,6 +196,16 @@ func benchStreamSize(b *testing.B, c *node.Cluster, infer string, mib int) strea
 		r.lazyPages = f.PagesMs
 		report(b, r.lazy)
 	})
+	if r.ctrRun = streamCtrAt(mib); r.ctrRun {
+		b.Run("ctr", func(b *testing.B) {
+			var steps []time.Duration
+			r.ctr, steps = benchStreamCtr(ctx, b, c, mib, work)
+			report(b, r.ctr)
+			for i, d := range steps {
+				b.ReportMetric(float64(d.Microseconds())/1000, ctrStepNames[i]+"-ms")
+			}
+		})
+	}
 	return r
 }
 
@@ -249,7 +289,7 @@ func (w *downtimeWatch) wait(ctx context.Context, b *testing.B) time.Duration {
 	select {
 	case <-w.done:
 	case <-ctx.Done():
-		b.Fatal("no token from the destination")
+		b.Fatalf("no token from the destination: %v", ctx.Err())
 	}
 	if w.err != nil {
 		b.Fatalf("downtime watch: %v", w.err)
@@ -590,4 +630,228 @@ func benchStreamBerth(ctx context.Context, b *testing.B, c *node.Cluster, mib in
 	cpu := (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	b.Logf("%s %d MiB: berthctl migrate CPU %.2f s (user %.2f, system %.2f)", mode, mib, cpu, cmd.ProcessState.UserTime().Seconds(), cmd.ProcessState.SystemTime().Seconds())
 	return d, migrateFigures{DowntimeMs: res.DowntimeMs, AfterMs: res.AfterMs, PagesMs: res.PagesMs, CPUs: cpu}
+}
+
+// ctrStepNames are the ctr path's steps in order; each is a metric of the ctr sub-benchmark
+// (NAME-ms).
+var ctrStepNames = []string{"checkpoint", "stop-source", "export", "import", "restore", "loopback-up"}
+
+// streamCtrAt reports whether BenchmarkStream moves the workload the ctr way at mib: at 1 GiB
+// (issue 12's size for ctr/berth), and at every size when BERTH_BENCH_CTR=1.
+func streamCtrAt(mib int) bool {
+	return mib == 1024 || os.Getenv("BERTH_BENCH_CTR") == "1"
+}
+
+// benchStreamCtr moves the workload from the cluster's first node to its second the way a
+// containerd user without berth would, with the runc shim (io.containerd.runc.v2, as
+// BenchmarkMigrate's ctr path), and returns the downtime the client saw and each step's wall time
+// (ctrStepNames' order). The steps are BenchmarkMigrate's (benchCtr), but the checkpoint ends the
+// source's task: `ctr containers checkpoint --task --rw --image` (containerd 2.4) resumes the task
+// after its checkpoint and has no flag to end it, so this checkpoint is what that command does
+// (pause, then Container.Checkpoint with the runtime, image, rw layer and task), written with
+// containerd's client and WithCheckpointTaskExit added, so that the source never serves past its
+// checkpoint. The workload is started with runc's org.criu.config naming a file that says
+// tcp-close (the client's session is an established connection). Then the stopped source is
+// removed (the nodes share runc's state root and the same id is restored), `ctr images export
+// --skip-manifest-json`, `ctr images import` on the destination and `ctr containers restore --live
+// --rw` there, and the restored task's loopback set up (`nsenter -t PID -n ip link set lo up`:
+// runc's restore leaves it down, criu#590, and the workload listens on 127.0.0.1). A failed step
+// fails b naming the step, the node and the command's output; b's cleanup removes what the path
+// made on either node (the containers and their snapshots, the checkpoint image, the tar,
+// containerd's unpacked checkpoints) and fails b if any of it is still there.
+func benchStreamCtr(ctx context.Context, b *testing.B, c *node.Cluster, mib int, work string) (time.Duration, []time.Duration) {
+	src, dst := c.Nodes[0], c.Nodes[1]
+	id := fmt.Sprintf("bench-stream-ctr-%d", mib)
+	ref := fmt.Sprintf("localhost/berth/ckpt-%s:1", id)
+	tar := filepath.Join(work, id+".tar")
+	ns := []string{"-n", node.Namespace}
+	b.Cleanup(func() {
+		bg, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, n := range []*node.Node{src, dst} {
+			_ = n.Remove(bg, id)
+			_, _ = n.Ctr(bg, append(ns, "images", "rm", "--sync", ref)...)
+		}
+		os.Remove(tar)
+		os.Remove(filepath.Join(work, id+"-criu.conf"))
+		for _, n := range []*node.Node{src, dst} {
+			ms, _ := filepath.Glob(filepath.Join(n.XDG, "ctrd-checkpoint*"))
+			for _, m := range ms {
+				os.RemoveAll(m)
+			}
+		}
+		for _, n := range []*node.Node{src, dst} {
+			if left := ctrLeftovers(bg, n, id, ref); len(left) > 0 {
+				b.Errorf("ctr path left on %s: %s", n.Name, strings.Join(left, "; "))
+			}
+		}
+		if _, err := os.Stat(tar); err == nil {
+			b.Errorf("ctr path left %s", tar)
+		}
+	})
+	// the client's session is an established TCP connection, which CRIU refuses to dump unless
+	// told what to do with it: runc hands CRIU the file that the spec's org.criu.config names, on
+	// checkpoint and on restore, and tcp-close closes it (as raw CRIU's --tcp-close and berth's
+	// shim default); the restore reads the same path (both nodes are on this host)
+	criuConf := filepath.Join(work, id+"-criu.conf")
+	if err := os.WriteFile(criuConf, []byte("tcp-close\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	pid, err := src.Run(ctx, node.RunOptions{ID: id, Image: image.WorkloadRef, Args: inferArgs(mib), Runtime: runcRuntime,
+		LogPath: filepath.Join(src.Dir, id+".log"), Annotations: map[string]string{oci.AnnotationCRIUConfig: criuConf}})
+	if err != nil {
+		b.Fatalf("ctr path, start the workload on %s: %v", src.Name, err)
+	}
+	if err := waitHealthz(ctx, pid, 3*time.Minute); err != nil {
+		b.Fatalf("ctr path, %s on %s: %v", id, src.Name, err)
+	}
+	srcT := client.Target{BaseURL: "http://" + inferListen, DialContext: node.NetnsDialer(int(pid))}
+	moved := make(chan struct{})
+	restored := make(chan struct{})
+	w := watchDowntime(ctx, srcT, func(ctx context.Context) *client.Target {
+		select {
+		case <-restored:
+		default:
+			return nil
+		}
+		p, _, err := dst.TaskPID(ctx, id)
+		if err != nil || p == 0 {
+			return nil
+		}
+		return &client.Target{BaseURL: "http://" + inferListen, DialContext: node.NetnsDialer(int(p))}
+	}, moved)
+	w.waitStarted(ctx, b)
+	var steps []time.Duration
+	step := func(name string, n *node.Node, fn func() error) {
+		t := time.Now()
+		if err := fn(); err != nil {
+			b.Fatalf("ctr path, %s on %s: %v%s", name, n.Name, err, criuLogTail(err))
+		}
+		steps = append(steps, time.Since(t))
+	}
+	close(moved)
+	step("checkpoint", src, func() error { return checkpointExit(ctx, src, id, ref) })
+	step("stop-source", src, func() error { return src.Remove(ctx, id) })
+	step("export", src, func() error {
+		_, err := src.Ctr(ctx, append(ns, "images", "export", "--skip-manifest-json", tar, ref)...)
+		return err
+	})
+	step("import", dst, func() error {
+		_, err := dst.Ctr(ctx, append(ns, "images", "import", tar)...)
+		return err
+	})
+	step("restore", dst, func() error {
+		_, err := dst.Ctr(ctx, append(ns, "containers", "restore", "--live", "--rw", id, ref)...)
+		return err
+	})
+	// runc restores a container that owns its network namespace with "lo" down
+	// (checkpoint-restore/criu#590; berth's shim sets it up, shim/loopback.go): the workload,
+	// listening on 127.0.0.1, serves nobody until its user sets it up by hand
+	step("loopback-up", dst, func() error {
+		p, st, err := dst.TaskPID(ctx, id)
+		if err != nil {
+			return err
+		}
+		if st != containerd.Running {
+			return fmt.Errorf("restored %s is %q, not running", id, st)
+		}
+		if out, err := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(int(p)), "-n", "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+			return fmt.Errorf("nsenter -t %d -n ip link set lo up: %w: %s", p, err, out)
+		}
+		return nil
+	})
+	close(restored)
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer wcancel()
+	d := w.wait(wctx, b)
+	if _, st, err := dst.TaskPID(ctx, id); err != nil || st != containerd.Running {
+		b.Fatalf("ctr path: restored %s on %s is %q (%v)", id, dst.Name, st, err)
+	}
+	var parts []string
+	for i, s := range steps {
+		parts = append(parts, fmt.Sprintf("%s %d", ctrStepNames[i], s.Milliseconds()))
+	}
+	var size int64
+	if st, err := os.Stat(tar); err == nil {
+		size = st.Size()
+	}
+	b.Logf("ctr %d MiB: client downtime %v; steps (ms): %s; exported tar %d MiB", mib, d, strings.Join(parts, ", "), size>>20)
+	return d, steps
+}
+
+// checkpointExit checkpoints container id on n into the checkpoint image ref as `ctr containers
+// checkpoint --task --rw --image ID REF` does (the task paused, then the runtime's options, the
+// base image, the rw layer's diff and the task's CRIU images in one index), except that the task
+// exits after its dump (containerd's WithCheckpointTaskExit; runc checkpoint without
+// --leave-running). A failed checkpoint resumes the task, as ctr does. Errors name the container
+// and the node.
+func checkpointExit(ctx context.Context, n *node.Node, id, ref string) error {
+	cl, err := n.Client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx = namespaces.WithNamespace(ctx, node.Namespace)
+	ctr, err := cl.LoadContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := task.Pause(ctx); err != nil {
+		return fmt.Errorf("pause %s on %s: %w", id, n.Name, err)
+	}
+	// WithCheckpointTaskExit before WithCheckpointTask, which sends the options
+	if _, err := ctr.Checkpoint(ctx, ref, containerd.WithCheckpointRuntime, containerd.WithCheckpointImage,
+		containerd.WithCheckpointRW, containerd.WithCheckpointTaskExit, containerd.WithCheckpointTask); err != nil {
+		_ = task.Resume(ctx)
+		return fmt.Errorf("checkpoint %s on %s into %s: %w", id, n.Name, ref, err)
+	}
+	return nil
+}
+
+// ctrLeftovers lists what the ctr path named id made and n still holds: the container, its
+// snapshot, the checkpoint image ref, containerd's unpacked checkpoints under n's XDG_RUNTIME_DIR.
+func ctrLeftovers(ctx context.Context, n *node.Node, id, ref string) []string {
+	var left []string
+	if ids, err := n.Containers(ctx); err != nil {
+		left = append(left, "containers unknown: "+err.Error())
+	} else if slices.Contains(ids, id) {
+		left = append(left, "container "+id)
+	}
+	if out, err := n.Ctr(ctx, "-n", node.Namespace, "images", "ls", "-q"); err != nil {
+		left = append(left, "images unknown: "+err.Error())
+	} else if slices.Contains(strings.Fields(out), ref) {
+		left = append(left, "image "+ref)
+	}
+	if out, err := n.Ctr(ctx, "-n", node.Namespace, "snapshots", "ls"); err != nil {
+		left = append(left, "snapshots unknown: "+err.Error())
+	} else {
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == id {
+				left = append(left, "snapshot "+id)
+			}
+		}
+	}
+	if ms, _ := filepath.Glob(filepath.Join(n.XDG, "ctrd-checkpoint*")); len(ms) > 0 {
+		left = append(left, "unpacked checkpoints "+strings.Join(ms, ", "))
+	}
+	return left
+}
+
+// criuLogTail returns the last 3000 bytes of the CRIU log that a runc error names ("criu failed:
+// ... path= FILE"), under a heading; "" when err names none or it cannot be read (the task's
+// bundle, where runc's shim keeps it, is gone once the task is deleted).
+func criuLogTail(err error) string {
+	m := regexp.MustCompile(`path= ?(\S+\.log)`).FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	log, rerr := os.ReadFile(m[1])
+	if rerr != nil {
+		return ""
+	}
+	return "\n" + m[1] + ":\n" + tail(log, 3000)
 }

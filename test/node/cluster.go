@@ -130,6 +130,9 @@ type RunOptions struct {
 	Runtime string
 	// LogPath receives stdout and stderr.
 	LogPath string
+	// Annotations are added to the container's OCI spec (for example runc's org.criu.config, the
+	// CRIU configuration file runc hands to CRIU on checkpoint and restore).
+	Annotations map[string]string
 	// GPUs are fake GPU UUIDs of the node given to the container (bind mounts at
 	// /dev/berth-gpu/<i> and BERTH_FAKE_GPUS).
 	GPUs []string
@@ -153,6 +156,9 @@ func (n *Node) Run(ctx context.Context, o RunOptions) (uint32, error) {
 	specOpts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(o.Args) > 0 {
 		specOpts = append(specOpts, oci.WithProcessArgs(o.Args...))
+	}
+	if len(o.Annotations) > 0 {
+		specOpts = append(specOpts, oci.WithAnnotations(o.Annotations))
 	}
 	if len(o.GPUs) > 0 {
 		if n.GPU == nil {
