@@ -223,6 +223,10 @@ func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armed
 	deadline, ok := ctx.Deadline()
 	req, err := claimPageStream(dir, id, s.deps.Now(), deadline, ok)
 	if err != nil || req == nil {
+		if _, serr := os.Lstat(filepath.Join(dir, id+checkpoint.PageStreamRequestSuffix)); err == nil && serr == nil {
+			log.G(ctx).WithField("deadline", deadline).
+				Info("a page stream is armed for this container, for another checkpoint call (another deadline): this one is taken as usual")
+		}
 		return nil, err
 	}
 	sock := filepath.Join(dir, req.Socket)
