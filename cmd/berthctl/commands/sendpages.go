@@ -48,7 +48,7 @@ func SendPages() *cobra.Command {
 		tf                   *tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "send-pages --container ID (--name NAME --checkpoint-timeout SECONDS [--expire D] HOST:PORT | --disarm) [--dir DIR]",
+		Use:   "send-pages --container ID (--name NAME --checkpoint-timeout SECONDS [--expire D] HOST:PORT | --disarm [--name NAME]) [--dir DIR]",
 		Short: "Arm copy mode for a container's next checkpoint: its memory pages go to a 'berthctl receive'",
 		Long: `send-pages arms a copy-mode page stream for one checkpoint call of container ID (its containerd
 id): the next one made with the timeout --checkpoint-timeout SECONDS (the kubelet checkpoint
@@ -67,7 +67,7 @@ unlikely to be another party's.
 
 It ends when the stream has ended (its last line: JSON with the bytes forwarded), or without a
 stream after --expire; then it removes the request. A checkpoint after the expiry is taken as if
-nothing were armed. 'send-pages --disarm --container ID' (what move runs when it gives up)
+nothing were armed. 'send-pages --disarm --container ID [--name NAME]' (what move runs when it gives up)
 removes the request unless a checkpoint took it, and ends the send-pages waiting on it (it
 connects to its socket and closes at once: the receiver sees a cut stream and drops it).`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -85,7 +85,7 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 				return fmt.Errorf("--container %q: want a containerd container id", container)
 			}
 			if disarm {
-				return disarmPages(cmd.OutOrStdout(), dir, container)
+				return disarmPages(cmd.OutOrStdout(), dir, container, name)
 			}
 			if err := transfer.ValidName(name); err != nil {
 				return fmt.Errorf("--name: %w", err)
@@ -120,7 +120,7 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 	cmd.Flags().StringVar(&dir, "dir", checkpoint.DefaultPageStreamDir, "the shim's page_stream_dir, as mounted here")
 	cmd.Flags().DurationVar(&expire, "expire", 30*time.Second, "how long the request stays armed without a checkpoint")
 	cmd.Flags().Int64Var(&cpTimeout, "checkpoint-timeout", 0, "the timeout, in seconds, of the checkpoint call that is to take the stream (the kubelet API's ?timeout=)")
-	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container, unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
+	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container (with --name: only the one armed under that name), unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
 	tf = addTLSFlags(cmd.Flags())
 	tf.addServerName(cmd.Flags())
 	// the armed line comes first on stdout; the result is JSON
@@ -251,8 +251,9 @@ func peerUID(c *net.UnixConn) int {
 // disarmPages removes the request armed for container in dir, unless a checkpoint took it
 // already, and then connects to the socket it names and closes, so that the send-pages waiting
 // there ends (its stream reaches the receiver cut, and the receiver drops it). It prints
-// "disarmed" or "nothing armed".
-func disarmPages(out io.Writer, dir, container string) error {
+// "disarmed" or "nothing armed". With name not empty it disarms only a request armed under that
+// checkpoint name: another move's request for the same container is left alone.
+func disarmPages(out io.Writer, dir, container, name string) error {
 	if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
 		return fmt.Errorf("--container %q: want a containerd container id", container)
 	}
@@ -265,14 +266,19 @@ func disarmPages(out io.Writer, dir, container string) error {
 	if err != nil {
 		return fmt.Errorf("disarm: %w", err)
 	}
+	var r checkpoint.PageStreamRequest
+	perr := json.Unmarshal(b, &r)
+	if name != "" && (perr != nil || r.Name != name) {
+		_, err := fmt.Fprintln(out, "nothing armed") // another move's
+		return err
+	}
 	if err := os.Remove(req); errors.Is(err, fs.ErrNotExist) {
 		_, err := fmt.Fprintln(out, "nothing armed") // a checkpoint took it meanwhile
 		return err
 	} else if err != nil {
 		return fmt.Errorf("disarm: %w", err)
 	}
-	var r checkpoint.PageStreamRequest
-	if json.Unmarshal(b, &r) == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
+	if perr == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
 		if c, err := net.DialTimeout("unix", filepath.Join(dir, r.Socket), 5*time.Second); err == nil {
 			c.Close()
 		}

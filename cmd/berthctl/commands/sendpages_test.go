@@ -163,7 +163,7 @@ func TestDisarmPages(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var out bytes.Buffer
-	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+	if err := disarmPages(&out, dir, "c1", ""); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
 		t.Fatalf("disarm with nothing armed: %q, %v", out.String(), err)
 	}
 	armedOut := newSyncBuffer()
@@ -179,7 +179,15 @@ func TestDisarmPages(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	out.Reset()
-	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
+	// another move's disarm (another checkpoint name) leaves it armed
+	if err := disarmPages(&out, dir, "c1", "ns-pod-2"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+		t.Fatalf("disarm under another name: %q, %v", out.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c1.json")); err != nil {
+		t.Fatalf("after another name's disarm: %v", err)
+	}
+	out.Reset()
+	if err := disarmPages(&out, dir, "c1", "ns-pod-1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
 		t.Fatalf("disarm: %q, %v", out.String(), err)
 	}
 	c := <-done

@@ -111,7 +111,7 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string,
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s := &agentStream{cancel: cancel, out: &armedWriter{armed: make(chan struct{})}, done: make(chan struct{})}
 	s.disarm = func(ctx context.Context) ([]byte, error) {
-		return a.exec(ctx, from, agentBerthctl, "send-pages", "--disarm", "--container", container)
+		return a.exec(ctx, from, agentBerthctl, "send-pages", "--disarm", "--container", container, "--name", name)
 	}
 	var stderr bytes.Buffer
 	go func() {
