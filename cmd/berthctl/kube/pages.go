@@ -164,11 +164,19 @@ func (s *agentStream) Wait(ctx context.Context) (int64, error) {
 	return res.Bytes, nil
 }
 
+// disarmWait is how long Disarm waits for the armed command to end by itself first: it ends
+// within milliseconds of the checkpoint that took its stream, and the exec is spared.
+const disarmWait = time.Second
+
 func (s *agentStream) Disarm(ctx context.Context) (bool, error) {
+	t := time.NewTimer(disarmWait)
+	defer t.Stop()
 	select {
 	case <-s.done:
 		return false, nil
-	default:
+	case <-t.C:
+	case <-ctx.Done():
+		return false, ctx.Err()
 	}
 	out, err := s.disarm(ctx)
 	return strings.TrimSpace(string(out)) == "disarmed", err
