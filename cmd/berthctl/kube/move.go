@@ -31,6 +31,12 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
+// kubeletCheckpointTimeout bounds move's kubelet checkpoint call: ending it cancels the
+// kubelet's, containerd's and the shim's request (and with it an armed page stream). The
+// kubelet's own deadline is the call's ?timeout=, days in copy mode (PageStreamRequest's
+// CheckpointTimeout), or its runtimeRequestTimeout (2 min by default) in stored mode.
+const kubeletCheckpointTimeout = 15 * time.Minute
+
 // Sentinel errors.
 var (
 	// ErrOwned: the pod belongs to an owner whose pods cannot be moved (a controller other than
@@ -217,7 +223,10 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 		// query on)
 		creq = creq.Param("timeout", strconv.FormatInt(cpTimeout, 10))
 	}
-	raw, err := creq.Do(ctx).Raw()
+	// the kubelet's own bound is the call's timeout, which copy mode sets to days: bound it here
+	cctx, cancel := context.WithTimeout(ctx, kubeletCheckpointTimeout)
+	raw, err := creq.Do(cctx).Raw()
+	cancel()
 	if err != nil {
 		err = fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
 		taken := true
