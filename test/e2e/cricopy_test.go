@@ -29,7 +29,8 @@ import (
 // pages to a `berthctl receive` with CRIU; then CRI CheckpointContainer (crictl checkpoint
 // --export, what the kubelet checkpoint API calls) streams the memory through the shim's relay
 // while it writes an archive without a page image (another crictl checkpoint before it, without
-// the armed call's timeout, is an ordinary one and leaves the stream armed); `berthctl send` brings the archive to the same
+// the armed call's timeout, and a ctr one, without a deadline, are ordinary ones and leave the
+// stream armed); `berthctl send` brings the archive to the same
 // receiver, which adopts the pages once the digest the shim signed matches; a pod on the other
 // node restored from it continues the session with identical tokens and no prefill recomputed.
 func TestCRICheckpointCopyMode(t *testing.T) {
@@ -100,8 +101,25 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 	if !slices.ContainsFunc(kubeTarNames(t, other), func(n string) bool { return strings.HasPrefix(path.Base(n), "pages-") }) {
 		t.Errorf("another party's checkpoint while a page stream was armed holds no page image: it took the stream")
 	}
+	// and so is one through containerd's API, which carries no deadline at all (ctr)
+	imgs := filepath.Join(dir, "ctr-images")
+	if out, err := src.Ctr(ctx, "-n", "k8s.io", "tasks", "checkpoint", "--image-path", imgs, cid); err != nil {
+		t.Fatalf("ctr tasks checkpoint while armed: %v %s", err, out)
+	}
+	if got, _ := filepath.Glob(filepath.Join(imgs, "pages-*.img")); len(got) == 0 {
+		t.Errorf("a ctr checkpoint while a page stream was armed holds no page image in %s: it took the stream", imgs)
+	}
+	// ctr leaves a checkpoint image (containerd.io/checkpoint/ID:TIME, to the second) for a
+	// runtime other than runc's; the CRI checkpoint below, within the same second, would collide
+	if out, err := src.Ctr(ctx, "-n", "k8s.io", "images", "ls", "-q"); err == nil {
+		for _, ref := range strings.Fields(out) {
+			if strings.HasPrefix(ref, "containerd.io/checkpoint/"+cid+":") {
+				_, _ = src.Ctr(ctx, "-n", "k8s.io", "images", "rm", "--sync", ref)
+			}
+		}
+	}
 	if _, err := os.Stat(filepath.Join(arm, cid+".json")); err != nil {
-		t.Errorf("the armed request after another party's checkpoint: %v", err)
+		t.Errorf("the armed request after other parties' checkpoints: %v", err)
 	}
 	archive := filepath.Join(dir, name+".tar")
 	// the checkpoint call the stream was armed for: its timeout (the kubelet API's ?timeout=)
