@@ -49,7 +49,7 @@ bench: deps deps-k8s build
 ## gpu-check-bundle: binaries and script for a real NVIDIA machine (test/gpu-check/README.md)
 gpu-check-bundle:
 	mkdir -p $(OUT)/gpu-check
-	CGO_ENABLED=1 $(GO) build -trimpath -o $(OUT)/gpu-check/ ./test/gpu-check/cmd/gpucheck ./cmd/berthctl
+	CGO_ENABLED=1 $(GO) build -trimpath -o $(OUT)/gpu-check/ ./test/gpu-check/cmd/gpucheck ./cmd/berthctl ./cmd/berth-shim-helper
 	cp test/gpu-check/run.sh test/gpu-check/workload.py $(OUT)/gpu-check/
 	tar -C $(OUT) -czf $(OUT)/gpu-check.tar.gz gpu-check
 

@@ -50,8 +50,8 @@ type Config struct {
 	// keeps it on a volume, not in the checkpoint. Its entries are bounded like an archive's
 	// (MaxArchiveEntries).
 	MaxRootfsDiffBytes int64 `toml:"max_rootfs_diff_bytes"`
-	// GPU selects the GPU backend: "none" (default), "cuda" (libcuda.so.1's checkpoint API and
-	// NVML), or "fake" (gpu/fake, for machines without a GPU; FakeGPURoot is its node directory).
+	// GPU selects the GPU backend: "none" (default), "cuda" (libcuda.so.1's checkpoint API, and
+	// NVML read by berth-shim-helper), or "fake" (gpu/fake, for machines without a GPU; FakeGPURoot is its node directory).
 	GPU         string `toml:"gpu"`
 	FakeGPURoot string `toml:"fake_gpu_root"`
 	// NamespaceMappings allow restoring a checkpoint taken in one Kubernetes namespace into

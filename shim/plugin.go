@@ -62,15 +62,18 @@ func Register(configPath string) {
 // containerd's reaper, which owns every child of a shim), CRIU statistics from stats-dump, the
 // credentials of checkpointed processes from their CRIU images and pulls from registries (both
 // by berth-shim-helper, run through the reaper: package shim/helper), the GPU backend that cfg.GPU
-// names (backend.OpenLazy: CUDA and NVML are loaded by the first call that needs the GPUs, so a
-// container that never checkpoints or restores one does not carry them), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
+// names (backend.OpenLazy: CUDA is loaded by the first call that needs the GPUs, so a
+// container that never checkpoints or restores one does not carry it; the inventory is NVML read
+// by a `berth-shim-helper gpu-inventory` process, started by that call too and kept until the
+// shim's GPU calls have been idle for helper.InventoryIdle: helper.Inventory), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
 // names the key file), and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
 	policy, err := signature.LoadPolicy(cfg.TrustConfig)
 	if err != nil {
 		return Deps{}, fmt.Errorf("shim config %s: %w", cfg.Path, err)
 	}
-	b, err := backend.OpenLazy(cfg.GPU, cfg.FakeGPURoot)
+	inv := &helper.Inventory{Start: reaperStart} // NVML read by berth-shim-helper, started on first use
+	b, err := backend.OpenLazy(cfg.GPU, cfg.FakeGPURoot, inv.Open)
 	if err != nil {
 		return Deps{}, err
 	}
@@ -91,6 +94,22 @@ func RealDeps(cfg Config) (Deps, error) {
 		Registry:      helpers,
 		Trust:         policy,
 		Now:           time.Now,
+	}, nil
+}
+
+// reaperStart starts cmd through containerd's reaper (see reaperOutput) and returns the wait for
+// its exit.
+func reaperStart(cmd *exec.Cmd) (func() error, error) {
+	ec, err := reaper.Default.Start(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		status, err := reaper.Default.Wait(cmd, ec)
+		if err == nil && status != 0 {
+			err = fmt.Errorf("exit status %d", status)
+		}
+		return err
 	}, nil
 }
 

@@ -4,7 +4,9 @@
 // reading the credentials of a checkpoint's processes from its CRIU images at restore (package
 // criu/images). The shim runs it once per request, as `berth-shim-helper serve`, with the
 // request as JSON on standard input and the answer as JSON on standard output (package
-// shim/helper). Install it
+// shim/helper). On a CUDA node the shim also runs one `berth-shim-helper gpu-inventory` from its
+// first GPU checkpoint or restore on, until the shim has been idle for a minute: it reads the
+// GPU inventory through NVML (package gpu/nvml) and answers one JSON request per line. Install it
 // beside containerd-shim-berth-v2 (or anywhere in containerd's PATH); it is not meant to be run
 // by hand.
 package main
@@ -21,11 +23,16 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 2 || os.Args[1] != helper.Command {
-		fmt.Fprintf(os.Stderr, "usage: %s %s < request.json (run by containerd-shim-berth-v2, not by hand)\n", helper.Name, helper.Command)
-		os.Exit(2)
+	switch {
+	case len(os.Args) == 2 && os.Args[1] == helper.Command:
+		os.Exit(run())
+	case len(os.Args) == 2 && os.Args[1] == helper.InventoryCommand:
+		// until standard input ends (the shim closed it or exited) or the shim is idle
+		os.Exit(helper.ServeInventory(os.Stdin, os.Stdout, serve.OpenInventory, helper.InventoryIdle))
 	}
-	os.Exit(run())
+	fmt.Fprintf(os.Stderr, "usage: %s %s < request.json, or %s %s < requests (run by containerd-shim-berth-v2, not by hand)\n",
+		helper.Name, helper.Command, helper.Name, helper.InventoryCommand)
+	os.Exit(2)
 }
 
 // run answers the one request on standard input. The shim stops a canceled request with

@@ -2,6 +2,11 @@
 // implementations (none, the CUDA driver with NVML, the fake GPU). The shim and berthctl both
 // open their backend here, so a name means the same thing everywhere.
 //
+// The CUDA backend's inventory is opened by a function the caller passes (InventoryOpener), so
+// that this package does not link NVML: berthctl passes nvml.OpenInventory (NVML in its own
+// process), the shim an inventory served by berth-shim-helper (package shim/helper), because
+// go-nvml's bindings cost every container's shim about 1.4 MB of resident memory.
+//
 // What belongs here: choosing and opening a backend (OpenLazy: on first use, for a process that
 // may never need its GPUs), and describing its GPUs as fingerprint entries. What does not: the backends themselves (gpu/cuda, gpu/nvml, gpu/nvidia, gpu/fake).
 package backend
@@ -14,7 +19,6 @@ import (
 	"github.com/berth-dev/berth/gpu/cuda"
 	"github.com/berth-dev/berth/gpu/fake"
 	"github.com/berth-dev/berth/gpu/nvidia"
-	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/oci/fingerprint"
 )
 
@@ -48,10 +52,16 @@ func Check(kind, fakeRoot, keyName, rootName string) error {
 	return fmt.Errorf("%s %q: want %s, %s or %s: %w", keyName, kind, None, CUDA, Fake, ErrUnknown)
 }
 
+// InventoryOpener opens a CUDA node's GPU inventory (Devices, Versions, ProcessMemory and,
+// where it is a gpu.Topologist, Topology): nvml.OpenInventory, or the shim's berth-shim-helper
+// client. Its error says why the inventory cannot be read (NVML missing, the helper missing).
+type InventoryOpener func() (gpu.Inventory, error)
+
 // Open returns the backend kind names: nil for None (or ""), the fake GPU node at fakeRoot for
-// Fake, libcuda.so.1's checkpoint API with NVML's inventory for CUDA. Errors name what is missing
-// (the library, NVML, the fake node directory) or wrap ErrUnknown.
-func Open(kind, fakeRoot string) (gpu.Backend, error) {
+// Fake, libcuda.so.1's checkpoint API with the inventory openInventory opens for CUDA (not
+// called for the other kinds). Errors name what is missing (the library, the inventory wrapped
+// as "NVML inventory: ...", the fake node directory) or wrap ErrUnknown.
+func Open(kind, fakeRoot string, openInventory InventoryOpener) (gpu.Backend, error) {
 	switch kind {
 	case "", None:
 		return nil, nil
@@ -66,7 +76,7 @@ func Open(kind, fakeRoot string) (gpu.Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("CUDA checkpoint driver: %w", err)
 		}
-		inv, err := nvml.Open()
+		inv, err := openInventory()
 		if err != nil {
 			return nil, fmt.Errorf("NVML inventory: %w", err)
 		}

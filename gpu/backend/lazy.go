@@ -11,18 +11,19 @@ import (
 )
 
 // OpenLazy is Open for a process that may never use its GPUs: for CUDA it returns at once a
-// Backend that opens the CUDA driver and NVML (Open) on its first call, not before. Every
-// container has its own shim, and opening CUDA runs cuInit and loads libcuda and NVML into the
-// process: a node's containers that never checkpoint or restore a GPU (most of them: sidecars,
+// Backend that opens the CUDA driver and the inventory (Open, with openInventory) on its first
+// call, not before. Every container has its own shim, and opening CUDA runs cuInit and loads
+// libcuda (and, with nvml.OpenInventory, NVML) into the process, or starts the shim's inventory
+// helper: a node's containers that never checkpoint or restore a GPU (most of them: sidecars,
 // CPU workloads) would each pay that memory and start time. A failed open is not kept: the next
 // call tries again (a driver that was still loading at boot), and until then every call returns
 // Open's error. None and Fake open as Open does (the fake costs nothing to open); so do unknown
 // names, whose error wraps ErrUnknown.
-func OpenLazy(kind, fakeRoot string) (gpu.Backend, error) {
+func OpenLazy(kind, fakeRoot string, openInventory InventoryOpener) (gpu.Backend, error) {
 	if kind != CUDA {
-		return Open(kind, fakeRoot)
+		return Open(kind, fakeRoot, openInventory)
 	}
-	return newLazy(func() (gpu.Backend, error) { return Open(kind, fakeRoot) }), nil
+	return newLazy(func() (gpu.Backend, error) { return Open(kind, fakeRoot, openInventory) }), nil
 }
 
 // lazy is a Backend opened by open on first use.

@@ -110,17 +110,17 @@ func TestLazyOpensOnFirstUse(t *testing.T) {
 // TestOpenLazy: CUDA opens nothing up front (this machine may have no libcuda); the other names
 // behave as Open.
 func TestOpenLazy(t *testing.T) {
-	b, err := OpenLazy(CUDA, "")
+	b, err := OpenLazy(CUDA, "", nil)
 	if err != nil || b == nil {
 		t.Fatalf("OpenLazy(cuda): %v %v; want a backend that opens on first use", b, err)
 	}
 	if _, ok := b.(*lazy); !ok {
 		t.Fatalf("OpenLazy(cuda) is %T, not lazy", b)
 	}
-	if b, err := OpenLazy(None, ""); b != nil || err != nil {
+	if b, err := OpenLazy(None, "", nil); b != nil || err != nil {
 		t.Fatalf("OpenLazy(none): %v %v", b, err)
 	}
-	if _, err := OpenLazy("tpu", ""); !errors.Is(err, ErrUnknown) {
+	if _, err := OpenLazy("tpu", "", nil); !errors.Is(err, ErrUnknown) {
 		t.Fatalf("OpenLazy(tpu): %v", err)
 	}
 }

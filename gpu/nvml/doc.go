@@ -11,6 +11,11 @@
 // What does not: the topology model and its parser (gpu/topology), choosing GPUs (nri), CUDA
 // checkpointing (gpu/cuda).
 //
+// The shim does not link this package (go-nvml's bindings are linked whole, about 1.4 MB that
+// every container's shim would keep resident): it reads the inventory from berth-shim-helper,
+// which serves it with OpenInventory (package shim/helper, Inventory). berthctl and berth-nri
+// open it in their own process.
+//
 // Only one file needs cgo (go-nvml): the logic sits behind the small Lib interface, so it is tested
 // with a fake NVML anywhere, and without cgo Open returns an error wrapping gpu.ErrUnsupported
 // while the rest of berth builds.

@@ -448,3 +448,14 @@ func (inv *Inventory) Snapshot() (Snapshot, error) {
 // ErrNotLoaded is wrapped by Open's error when NVML cannot be loaded or initialised; it
 // wraps gpu.ErrUnsupported.
 var ErrNotLoaded = fmt.Errorf("NVML not available: %w", gpu.ErrUnsupported)
+
+// OpenInventory is Open with no options, returned as a gpu.Inventory (a gpu.Topologist too):
+// the inventory opener (backend.InventoryOpener) of processes that read NVML themselves, berthctl
+// and berth-shim-helper. Errors are Open's.
+func OpenInventory() (gpu.Inventory, error) {
+	inv, err := Open()
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return inv, nil
+}

@@ -2,14 +2,18 @@
 // for work whose code it does not keep loaded: resolving a tag and pulling a checkpoint from a
 // registry (oras-go, net/http's client and TLS) for a berth.dev/restore-from=oci://... restore,
 // and reading the credentials of a checkpoint's processes from its CRIU images at restore
-// (go-criu's image bindings, which register every CRIU image type at init). Every container has
-// its own long-running shim process, and a Go process's resident memory grows with its binary
-// (the kernel maps nearly all of the binary's text and read-only data into it), so code linked
-// into the shim costs every container its size: about 1.9 MB for the registry client and 0.4 MB
-// for the image bindings, to serve the few restores that need them. A request costs a process
-// start, about 10 ms.
+// (go-criu's image bindings, which register every CRIU image type at init), and, on a CUDA node,
+// reading the GPU inventory through NVML (Inventory). Every container has its own long-running
+// shim process, and a Go process's resident memory grows with its binary (the kernel maps nearly
+// all of the binary's text and read-only data into it), so code linked into the shim costs every
+// container its size: about 1.9 MB for the registry client, 0.4 MB for the image bindings and 1.4
+// MB for NVML's bindings, to serve the few restores and checkpoints that need them. A request
+// costs a process start, about 10 ms; the inventory's process is started once, by the shim's
+// first GPU call, and answers the calls that follow over a pipe until they pause for a minute.
 //
-// One call is one run of the helper: the shim writes a Request as one JSON object to its
+// One call is one run of the helper (`berth-shim-helper serve`; the inventory is the exception,
+// `berth-shim-helper gpu-inventory`: one process, one JSON request and answer per line, see
+// Inventory): the shim writes a Request as one JSON object to its
 // standard input; the helper answers with one Answer on its standard output and exits 0 (also
 // when the answer is an error), or non-zero when it could not answer. An error crosses the
 // boundary as its message and the names of the sentinel errors it matched (Error.Kinds), so the
@@ -17,9 +21,10 @@
 // decoded error). The shim stops the helper with SIGTERM when the caller cancels; the helper
 // then removes what it staged, as an in-process pull would.
 //
-// What belongs here: the requests, answers and error kinds, the client (Client) and the serving
-// loop (Serve). What does not: the work itself (package shim/helper/serve wires oci/registry and
-// criu/images into the helper) and what the shim does with the answers (package shim).
+// What belongs here: the requests, answers and error kinds, the clients (Client, Inventory) and
+// the serving loops (Serve, ServeInventory). What does not: the work itself (package
+// shim/helper/serve wires oci/registry, criu/images and gpu/nvml into the helper) and what the
+// shim does with the answers (package shim).
 package helper
 
 import (
@@ -38,6 +43,7 @@ import (
 	"github.com/containerd/errdefs"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/privilege"
@@ -97,8 +103,9 @@ type Error struct {
 	Kinds   []string `json:"kinds,omitempty"`
 }
 
-// kinds names the sentinel errors a registry request can meet that the shim classifies, and
-// context's, so a canceled pull stays canceled.
+// kinds names the sentinel errors a registry request can meet that the shim classifies,
+// context's, so a canceled pull stays canceled, and the GPU inventory's (gpu.ErrUnsupported: NVML
+// missing, or a value it cannot report).
 var kinds = []struct {
 	name string
 	err  error
@@ -131,6 +138,7 @@ var kinds = []struct {
 	{"exist", os.ErrExist},
 	{"canceled", context.Canceled},
 	{"deadline-exceeded", context.DeadlineExceeded},
+	{"gpu-unsupported", gpu.ErrUnsupported},
 }
 
 // EncodeError returns err as it crosses the boundary; nil for nil.

@@ -24,9 +24,14 @@ import (
 )
 
 // With BERTH_HELPER_TEST set, the test binary is the helper: it serves one request with
-// testHandlers, so the tests below run the client against a real child process.
+// testHandlers ("inventory": the GPU inventory of a fake node, serveInventoryForTest), so the
+// tests below run the client against a real child process.
 func TestMain(m *testing.M) {
-	if os.Getenv("BERTH_HELPER_TEST") != "" {
+	switch os.Getenv("BERTH_HELPER_TEST") {
+	case "":
+	case "inventory":
+		os.Exit(serveInventoryForTest())
+	default:
 		os.Exit(serveForTest())
 	}
 	os.Exit(m.Run())

@@ -13,7 +13,7 @@ usage() {
 	cat <<'USAGE'
 usage: run.sh --bundle DIR [--gib N] [--criu PATH] [--criu-plugins] [--python PATH]
               [--out DIR] [--lock-timeout SEC] [--dry-run]
-  --bundle DIR     directory with gpucheck (and optionally berthctl) built per README.md
+  --bundle DIR     directory with gpucheck (and optionally berthctl, berth-shim-helper) built per README.md
                    (default: this script's directory when gpucheck is beside it)
   --gib N          device memory the workload holds, GiB (default 4)
   --criu PATH      also dump and restore the workload with this CRIU binary (needs root)
@@ -51,6 +51,7 @@ exec 3>&1 # the plan of a dry run goes here even where stdout is redirected
 WORKLOAD=$HERE/workload.py
 GPUCHECK=$BUNDLE/gpucheck
 BERTHCTL=$BUNDLE/berthctl
+SHIMHELPER=$BUNDLE/berth-shim-helper
 BYTES=$((GIB << 30))
 START=$SECONDS
 DEADLINE=$((START + 480)) # 8 minutes
@@ -174,6 +175,10 @@ run 60 nvidia-smi topo -m | tee "$(outf nvidia-smi-topo.txt)" || true
 run 60 "$GPUCHECK" fingerprint | tee "$(outf fingerprint.json)" || FAIL=1
 if [[ -x $BERTHCTL || $DRY == 1 ]]; then
 	run 60 "$BERTHCTL" fingerprint ${CRIU:+--criu "$CRIU"} | tee "$(outf berthctl-fingerprint.json)" || note "berthctl fingerprint failed (see above)"
+fi
+if [[ -x $SHIMHELPER || $DRY == 1 ]]; then
+	note "the shim's inventory (berth-shim-helper gpu-inventory) against NVML in gpucheck's process:"
+	run 60 "$GPUCHECK" helper-inventory --helper "$SHIMHELPER" | tee "$(outf helper-inventory.json)" || FAIL=1
 fi
 
 say "2. host<->device copy bandwidth (PyTorch, pinned, $GIB GiB)"

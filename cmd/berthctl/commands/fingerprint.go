@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/backend"
+	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -101,7 +102,7 @@ func openNode(criuPath, kind, fakeRoot string) (*host, error) {
 	if err := backend.Check(kind, fakeRoot, "--gpu", "--fake-gpu-root"); err != nil {
 		return nil, err
 	}
-	b, err := backend.Open(kind, fakeRoot)
+	b, err := backend.Open(kind, fakeRoot, nvml.OpenInventory)
 	if err != nil {
 		return nil, fmt.Errorf("--gpu %s: %w", kind, err)
 	}

@@ -1,7 +1,8 @@
 // Package serve is berth-shim-helper's work: Handlers serve the shim's requests (package
 // shim/helper) with package oci/registry (resolve, pull) and package criu/images (the
-// credentials in a CRIU images directory). It is apart from package helper so that the shim
-// links the protocol but neither the registry client nor go-criu's image bindings;
+// credentials in a CRIU images directory), and OpenInventory opens the GPU inventory that
+// `berth-shim-helper gpu-inventory` serves (gpu/nvml). It is apart from package helper so that
+// the shim links the protocol but neither the registry client, go-criu's image bindings nor NVML;
 // cmd/berth-shim-helper and the shim's tests (which serve the helper's requests in their own
 // process) use it.
 package serve
@@ -10,6 +11,8 @@ import (
 	"context"
 
 	"github.com/berth-dev/berth/criu/images"
+	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry"
 	"github.com/berth-dev/berth/shim/helper"
@@ -36,6 +39,10 @@ func Handlers() helper.Handlers {
 		},
 	}
 }
+
+// OpenInventory opens the node's GPU inventory for helper.ServeInventory: NVML
+// (nvml.OpenInventory; its error wraps gpu.ErrUnsupported when the library is missing).
+func OpenInventory() (gpu.Inventory, error) { return nvml.OpenInventory() }
 
 // options are registry.Options for the shim's RegistryOptions.
 func options(o helper.RegistryOptions) registry.Options {

@@ -32,6 +32,10 @@ type inventory interface {
 type deps struct {
 	loadDriver    func(lib string) (gpu.Driver, error)
 	openInventory func(sysfs string) (inventory, error)
+	// openNVML opens NVML in this process, openHelper the shim's inventory through the
+	// berth-shim-helper at path (returning its Close), for helper-inventory.
+	openNVML   func() (gpu.Inventory, error)
+	openHelper func(path string) (gpu.Inventory, func() error, error)
 }
 
 // StepResult is one driver call: its name, wall time in seconds, the process state after it
@@ -87,7 +91,8 @@ var processSteps = map[string]bool{"state": true, "tid": true, "lock": true, "ch
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage: gpucheck inventory|topology|fingerprint [--sysfs DIR] [--lib PATH]
        gpucheck state|tid|lock|checkpoint|restore|unlock --pid N [--timeout D] [--bytes B] [--pairs OLD=NEW,...] [--lib PATH]
-       gpucheck steps --pid N --steps lock,checkpoint,restore,unlock [same flags]`)
+       gpucheck steps --pid N --steps lock,checkpoint,restore,unlock [same flags]
+       gpucheck helper-inventory --helper PATH [--pid N]`)
 }
 
 func run(args []string, stdout, stderr io.Writer, d deps) int {
@@ -105,12 +110,19 @@ func run(args []string, stdout, stderr io.Writer, d deps) int {
 	bytes := fs.Int64("bytes", 0, "device memory the process holds, in bytes, for GB/s")
 	pairs := fs.String("pairs", "", "restore GPU map: GPU-old=GPU-new,...")
 	steps := fs.String("steps", "", "comma-separated steps for 'steps'")
+	helperPath := fs.String("helper", "", "berth-shim-helper, for 'helper-inventory'")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
 	switch cmd {
 	case "inventory", "fingerprint", "topology":
 		return runInventory(cmd, *sysfs, *lib, stdout, d)
+	case "helper-inventory":
+		if *helperPath == "" {
+			fmt.Fprintln(stderr, "gpucheck: helper-inventory needs --helper PATH (berth-shim-helper)")
+			return exitUsage
+		}
+		return runHelperInventory(*helperPath, *pid, stdout, d)
 	case "steps":
 		return runSteps(strings.Split(*steps, ","), *pid, *lib, *timeout, *bytes, *pairs, stdout, stderr, d)
 	default:

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/cuda"
+	"github.com/berth-dev/berth/gpu/fake"
 	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/gpu/topology"
 )
@@ -171,5 +173,71 @@ func TestRealLoadWithoutDriver(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "NVIDIA driver installed") {
 		t.Errorf("output %s", out.String())
+	}
+}
+
+// TestHelperInventory: the helper's answers are compared with NVML's in this process (here fake
+// GPU nodes stand for both; the other node also differs in its device paths): equal answers pass, a different driver version fails naming
+// it, and a node without NVML exits 3.
+func TestHelperInventory(t *testing.T) {
+	spec := fake.NodeSpec{Driver: "580.65.06", CUDA: "12.8",
+		GPUs:  []fake.GPUSpec{{UUID: "GPU-a", Name: "Fake H200", MemoryBytes: 1 << 30}, {UUID: "GPU-b", Name: "Fake H200", MemoryBytes: 1 << 30}},
+		Links: [][]string{{"X", "NV4"}, {"NV4", "X"}}}
+	local, err := fake.Setup(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := local
+	spec.Driver = "575.51.03"
+	other, err := fake.Setup(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		remote   *fake.Node
+		localErr error
+		want     int
+		mismatch string
+	}{
+		{"same", same, nil, exitOK, ""},
+		{"other driver", other, nil, exitFailed, "versions"},
+		{"no NVML", same, fmt.Errorf("load libnvidia-ml.so.1: %w", gpu.ErrUnsupported), exitUnsupported, ""},
+	} {
+		d := deps{
+			openNVML: func() (gpu.Inventory, error) {
+				if tc.localErr != nil {
+					return nil, tc.localErr
+				}
+				return local, nil
+			},
+			openHelper: func(string) (gpu.Inventory, func() error, error) { return tc.remote, func() error { return nil }, nil },
+		}
+		var out, errOut bytes.Buffer
+		if rc := run([]string{"helper-inventory", "--helper", "/h"}, &out, &errOut, d); rc != tc.want {
+			t.Errorf("%s: exit %d, want %d: %s%s", tc.name, rc, tc.want, out.String(), errOut.String())
+			continue
+		}
+		var r HelperInventoryReport
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatalf("%s: %v: %s", tc.name, err, out.String())
+		}
+		switch {
+		case tc.localErr != nil:
+			if !strings.Contains(r.Error, "libnvidia-ml") {
+				t.Errorf("%s: error %q", tc.name, r.Error)
+			}
+		case len(r.Compared) != 4:
+			t.Errorf("%s: compared %v, want devices, versions, topology and process-memory", tc.name, r.Compared)
+		case tc.mismatch == "" && len(r.Mismatches) != 0:
+			t.Errorf("%s: mismatches %v", tc.name, r.Mismatches)
+		case tc.mismatch != "" && !slices.ContainsFunc(r.Mismatches, func(m string) bool {
+			return strings.HasPrefix(m, tc.mismatch) && strings.Contains(m, "575.51.03") && strings.Contains(m, "580.65.06")
+		}):
+			t.Errorf("%s: mismatches %v, want one on %s naming both values", tc.name, r.Mismatches, tc.mismatch)
+		}
+	}
+	if rc := run([]string{"helper-inventory"}, &bytes.Buffer{}, &bytes.Buffer{}, deps{}); rc != exitUsage {
+		t.Errorf("without --helper: exit %d, want %d", rc, exitUsage)
 	}
 }
