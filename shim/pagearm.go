@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -46,46 +47,73 @@ func (s *Service) pageStreamDir() string {
 // may name an armed request's file.
 var containerIDRE = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$`)
 
-// claimPageStream takes the armed request for container id out of dir, if there is one: it
-// renames <id>.json to a name of its own first, so that of two checkpoints racing for it exactly
-// one gets it, then reads and removes it. It returns nil (no error) when none is armed or the
-// one armed expired before now (removed). Errors: a request that is not JSON, names another
-// container or a socket outside dir (checkpoint.ErrBadPageStreamRequest, errdefs
-// InvalidArgument by errors.go; the request is removed), and I/O errors other than a missing file.
-func claimPageStream(dir, id string, now time.Time) (*checkpoint.PageStreamRequest, error) {
+// claimPageStream takes the armed request for container id out of dir, if there is one and it
+// was armed for this checkpoint request: one that arrived at now with the deadline deadline (ok:
+// it has one; checkpoint.PageStreamRequest.Takes). A request armed for another checkpoint call is
+// left in place, untouched, and nil returned: this checkpoint is taken as if nothing were armed.
+// It reads the request, then renames <id>.json to a name of its own, so that of two checkpoints
+// racing for it exactly one gets it, and checks that what it took is what it read. It returns nil
+// (no error) when none is armed or the one armed expired before now (removed). Errors: a request
+// that is not JSON, names another container or a socket outside dir, lacks its expiry, arming
+// time or checkpoint timeout, or changed while claimed (checkpoint.ErrBadPageStreamRequest,
+// errdefs InvalidArgument by errors.go; the request is removed), and I/O errors other than a
+// missing file.
+func claimPageStream(dir, id string, now, deadline time.Time, ok bool) (*checkpoint.PageStreamRequest, error) {
 	if !containerIDRE.MatchString(id) || len(id) > 76 {
 		return nil, nil // not a name the agent could have armed
 	}
 	armed := filepath.Join(dir, id+checkpoint.PageStreamRequestSuffix)
+	b, err := readArmedFile(armed)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	var req *checkpoint.PageStreamRequest
+	if err == nil {
+		req, err = parseArmed(b, id, dir)
+	}
+	if err == nil && now.Before(req.Expires) && !req.Takes(deadline, ok, now) {
+		return nil, nil // another party's checkpoint: the request waits for its own
+	}
 	var sfx [6]byte
 	_, _ = rand.Read(sfx[:])
 	claimed := armed + ".claimed-" + hex.EncodeToString(sfx[:])
-	if err := os.Rename(armed, claimed); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
+	if rerr := os.Rename(armed, claimed); rerr != nil {
+		if errors.Is(rerr, fs.ErrNotExist) {
+			return nil, nil // another checkpoint took it, or its agent disarmed it
 		}
-		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, err)
+		return nil, fmt.Errorf("claim armed page stream %s: %w", armed, rerr)
 	}
 	defer os.Remove(claimed)
-	b, err := readArmedFile(claimed)
-	if err != nil {
-		return nil, fmt.Errorf("%w %s: %w", checkpoint.ErrBadPageStreamRequest, armed, err)
-	}
-	var req checkpoint.PageStreamRequest
 	switch {
-	case json.Unmarshal(b, &req) != nil:
-		return nil, fmt.Errorf("%w %s: not JSON", checkpoint.ErrBadPageStreamRequest, armed)
-	case req.Container != id:
-		return nil, fmt.Errorf("%w %s: armed for container %q, not %s", checkpoint.ErrBadPageStreamRequest, armed, req.Container, id)
-	case req.Socket == "" || req.Socket != filepath.Base(req.Socket) || strings.HasPrefix(req.Socket, "."):
-		return nil, fmt.Errorf("%w %s: socket %q is not a file name in %s", checkpoint.ErrBadPageStreamRequest, armed, req.Socket, dir)
-	case req.Expires.IsZero():
-		return nil, fmt.Errorf("%w %s: no expiry", checkpoint.ErrBadPageStreamRequest, armed)
+	case err != nil:
+		return nil, fmt.Errorf("%w %s: %w", checkpoint.ErrBadPageStreamRequest, armed, err)
 	case !now.Before(req.Expires):
 		return nil, nil
 	}
+	if again, err := readArmedFile(claimed); err != nil || !bytes.Equal(again, b) {
+		return nil, fmt.Errorf("%w %s: replaced while this checkpoint claimed it", checkpoint.ErrBadPageStreamRequest, armed)
+	}
+	return req, nil
+}
+
+// parseArmed parses and checks the armed request b, read from dir's <id>.json. Errors say what
+// is wrong with it.
+func parseArmed(b []byte, id, dir string) (*checkpoint.PageStreamRequest, error) {
+	var req checkpoint.PageStreamRequest
+	switch {
+	case json.Unmarshal(b, &req) != nil:
+		return nil, errors.New("not JSON")
+	case req.Container != id:
+		return nil, fmt.Errorf("armed for container %q, not %s", req.Container, id)
+	case req.Socket == "" || req.Socket != filepath.Base(req.Socket) || strings.HasPrefix(req.Socket, "."):
+		return nil, fmt.Errorf("socket %q is not a file name in %s", req.Socket, dir)
+	case req.Expires.IsZero():
+		return nil, errors.New("no expiry")
+	case req.Armed.IsZero() || req.CheckpointTimeout <= 0:
+		return nil, errors.New("no arming time or checkpoint timeout (armed by an older berthctl send-pages?)")
+	}
 	if _, err := checkpoint.NewPageDigest(req.Digest); err != nil {
-		return nil, fmt.Errorf("%w %s: %w", checkpoint.ErrBadPageStreamRequest, armed, err)
+		return nil, err
 	}
 	return &req, nil
 }
@@ -183,7 +211,8 @@ func (w deadlineWriter) Write(p []byte) (int, error) {
 }
 
 // armPageStream claims the armed request for task id (claimPageStream in the shim's
-// page_stream_dir), connects to its agent's socket, starts the relay and writes its address as
+// page_stream_dir), if it was armed for this request (ctx's deadline, which ttrpc carries from
+// the checkpoint call: checkpoint.PageStreamRequest.Takes), connects to its agent's socket, starts the relay and writes its address as
 // the page-server request into the CRIU work directory workDir, which usePageServer then reads.
 // It returns nil when no request is armed, or when workDir already asks for copy or lazy mode
 // (berthctl's own request wins; the armed one is left for its agent to expire). Errors: the
@@ -195,8 +224,13 @@ func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armed
 		}
 	}
 	dir := s.pageStreamDir()
-	req, err := claimPageStream(dir, id, s.deps.Now())
+	deadline, ok := ctx.Deadline()
+	req, err := claimPageStream(dir, id, s.deps.Now(), deadline, ok)
 	if err != nil || req == nil {
+		if _, serr := os.Lstat(filepath.Join(dir, id+checkpoint.PageStreamRequestSuffix)); err == nil && serr == nil {
+			log.G(ctx).WithField("deadline", deadline).
+				Info("a page stream is armed for this container, for another checkpoint call (another deadline): this one is taken as usual")
+		}
 		return nil, err
 	}
 	sock := filepath.Join(dir, req.Socket)

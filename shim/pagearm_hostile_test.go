@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -35,7 +34,7 @@ func TestClaimPageStreamNotAFile(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() {
-				_, err := claimPageStream(dir, "c1", pageArmNow)
+				_, err := claimPageStream(dir, "c1", pageArmNow, pageArmCall(pageArmNow), true)
 				done <- err
 			}()
 			select {
@@ -66,12 +65,9 @@ func TestArmPageStreamSocketSymlink(t *testing.T) {
 	if err := os.Symlink(filepath.Join(elsewhere, "other.sock"), filepath.Join(dir, "p.sock")); err != nil {
 		t.Fatal(err)
 	}
-	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `"}`
-	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ctx := armTestRequest(t, dir, "p.sock", "")
 	s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
-	a, err := s.armPageStream(context.Background(), "c1", t.TempDir())
+	a, err := s.armPageStream(ctx, "c1", t.TempDir())
 	if a != nil {
 		a.close()
 	}

@@ -20,35 +20,49 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
-// now is the clock of the fixtures in testdata/pagearm: valid.json expires a minute after it,
-// expired.json at it.
+// now is the clock of the fixtures in testdata/pagearm: valid.json was armed 30 s before it,
+// for a checkpoint call with a timeout of a day, and expires a minute after it; expired.json
+// at it.
 var pageArmNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// pageArmCall is the deadline of the checkpoint call valid.json was armed for, made at at.
+func pageArmCall(at time.Time) time.Time { return at.Add(24 * time.Hour) }
 
 func TestClaimPageStream(t *testing.T) {
 	for _, tc := range []struct {
-		fixture string // "" for no armed request
-		id      string
-		now     time.Time
-		want    bool  // a request comes back
-		wantErr error // errors.Is
-		left    bool  // the armed file is still there afterwards
+		name     string
+		fixture  string // "" for no armed request
+		id       string
+		now      time.Time
+		deadline time.Time // zero: the request has none (ctr, nerdctl)
+		want     bool      // a request comes back
+		wantErr  error     // errors.Is
+		left     bool      // the armed file is still there afterwards
 	}{
-		{fixture: "", id: "c1", now: pageArmNow},
-		{fixture: "valid.json", id: "c1", now: pageArmNow, want: true},
-		{fixture: "valid-blake3.json", id: "c1", now: pageArmNow, want: true},
+		{name: "none", fixture: "", id: "c1", now: pageArmNow},
+		{name: "the armed call", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), want: true},
+		{name: "the armed call, late", fixture: "valid.json", id: "c1", now: pageArmNow.Add(59 * time.Second), deadline: pageArmCall(pageArmNow.Add(58 * time.Second)), want: true},
+		{name: "the armed call, deadline rounded up", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow).Add(time.Second), want: true},
+		{name: "the armed call, made at arming", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow.Add(-30 * time.Second)), want: true},
+		{name: "expired", fixture: "valid.json", id: "c1", now: pageArmNow.Add(time.Minute), deadline: pageArmCall(pageArmNow.Add(time.Minute))}, // expiry is exclusive
+		{name: "expired at arming", fixture: "expired.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow)},
+		// another party's checkpoint while it is armed: left for the armed call
+		{name: "no deadline (ctr)", fixture: "valid.json", id: "c1", now: pageArmNow, left: true},
+		{name: "the kubelet's default timeout", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmNow.Add(2 * time.Minute), left: true},
+		{name: "another timeout", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow).Add(time.Hour), left: true},
+		{name: "a call made before arming", fixture: "valid.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow.Add(-time.Minute)), left: true},
+		{name: "other container", fixture: "other-container.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "socket outside", fixture: "socket-outside.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "no expiry", fixture: "no-expiry.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "no timeout", fixture: "no-timeout.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "not JSON", fixture: "not-json.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "the armed call, blake3", fixture: "valid-blake3.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), want: true},
 		// an algorithm the shim cannot digest with: the receiver would refuse what it signs
-		{fixture: "unknown-digest.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrPageDigestAlgorithm},
-		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(59 * time.Second), want: true},
-		{fixture: "valid.json", id: "c1", now: pageArmNow.Add(time.Minute)}, // expiry is exclusive
-		{fixture: "expired.json", id: "c1", now: pageArmNow},
-		{fixture: "other-container.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
-		{fixture: "socket-outside.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
-		{fixture: "no-expiry.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
-		{fixture: "not-json.json", id: "c1", now: pageArmNow, wantErr: checkpoint.ErrBadPageStreamRequest},
+		{name: "unknown digest", fixture: "unknown-digest.json", id: "c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), wantErr: checkpoint.ErrPageDigestAlgorithm},
 		// an id that no agent could have armed is never looked up
-		{fixture: "valid.json", id: "../c1", now: pageArmNow, left: true},
+		{name: "bad id", fixture: "valid.json", id: "../c1", now: pageArmNow, deadline: pageArmCall(pageArmNow), left: true},
 	} {
-		t.Run(tc.fixture+"/"+tc.id+"/"+tc.now.Format("15:04:05"), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			armed := filepath.Join(dir, "c1.json")
 			if tc.fixture != "" {
@@ -60,7 +74,7 @@ func TestClaimPageStream(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			req, err := claimPageStream(dir, tc.id, tc.now)
+			req, err := claimPageStream(dir, tc.id, tc.now, tc.deadline, !tc.deadline.IsZero())
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("claim: %v, want %v", err, tc.wantErr)
 			}
@@ -98,7 +112,7 @@ func TestClaimPageStreamOnce(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				req, err := claimPageStream(dir, "c1", pageArmNow)
+				req, err := claimPageStream(dir, "c1", pageArmNow, pageArmCall(pageArmNow), true)
 				if err != nil {
 					t.Error(err)
 				}
@@ -119,8 +133,23 @@ func TestClaimPageStreamOnce(t *testing.T) {
 	}
 }
 
-// armTestRelay arms a page stream for container c1, digested with alg ("" for an agent that names
-// none), toward an agent socket in a temporary page_stream_dir, and returns the relay, the address the shim wrote for CRIU's page client and
+// armTestRequest writes a request, digested with alg ("" for an agent that names none), armed for container c1's next checkpoint toward socket in dir,
+// and returns the context of the checkpoint call it was armed for (its deadline).
+func armTestRequest(t *testing.T, dir, socket, alg string) context.Context {
+	t.Helper()
+	now := time.Now()
+	req := `{"container":"c1","name":"p","socket":"` + socket + `","armed":"` + now.Add(-time.Second).UTC().Format(time.RFC3339Nano) +
+		`","checkpointTimeout":86400,"expires":"` + now.Add(time.Minute).UTC().Format(time.RFC3339) + `","digest":"` + alg + `"}`
+	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(24*time.Hour))
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// armTestRelay arms a page stream for container c1, digested with alg, toward an agent socket in a temporary
+// page_stream_dir, and returns the relay, the address the shim wrote for CRIU's page client and
 // the agent's end of the connection the shim opened.
 func armTestRelay(t *testing.T, alg string) (*armedRelay, []byte, net.Conn) {
 	t.Helper()
@@ -130,13 +159,10 @@ func armTestRelay(t *testing.T, alg string) (*armedRelay, []byte, net.Conn) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	req := `{"container":"c1","name":"p","socket":"p.sock","expires":"` + time.Now().Add(time.Minute).UTC().Format(time.RFC3339) + `","digest":"` + alg + `"}`
-	if err := os.WriteFile(filepath.Join(dir, "c1.json"), []byte(req), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ctx := armTestRequest(t, dir, "p.sock", alg)
 	s := NewService(nil, Config{PageStreamDir: dir}, Deps{})
 	work := t.TempDir()
-	a, err := s.armPageStream(context.Background(), "c1", work)
+	a, err := s.armPageStream(ctx, "c1", work)
 	if err != nil || a == nil {
 		t.Fatalf("arm: %v, %v", a, err)
 	}

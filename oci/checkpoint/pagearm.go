@@ -1,7 +1,10 @@
 package checkpoint
 
 import (
+	"crypto/rand"
 	"errors"
+	"fmt"
+	"math/big"
 	"time"
 )
 
@@ -10,8 +13,9 @@ import (
 // request carries no page server). The node's agent (`berthctl send-pages`, which `kubectl berth
 // move` runs there) arms a page stream for one container before the kubelet is asked: it listens
 // on a unix socket in the node's DefaultPageStreamDir and writes a PageStreamRequest there as
-// <container id>.json. The shim, on that container's Checkpoint request, claims the request
-// (renames it away, so that one checkpoint takes it), points CRIU's page server at a relay of its
+// <container id>.json. The shim, on that container's Checkpoint request, if the request carries
+// the deadline the armed one names (PageStreamRequest.Takes: the mover's own checkpoint call),
+// claims the request (renames it away, so that one checkpoint takes it), points CRIU's page server at a relay of its
 // own on 127.0.0.1, digests the stream as it forwards it to the agent's socket (in the page
 // stream's frames: transfer's), and signs the digest and length as the manifest's PageStream.
 // The agent carries the frames to the destination's receiver over mutual TLS; it neither sees
@@ -37,6 +41,19 @@ type PageStreamRequest struct {
 	// Socket is the base name of the agent's unix socket in the same directory, where the
 	// shim's relay sends the framed page stream and reads the page server's answers back.
 	Socket string `json:"socket"`
+	// Armed is when the agent armed it, before it said so: the checkpoint call that is to take it
+	// was made after.
+	Armed time.Time `json:"armed"`
+	// CheckpointTimeout is the timeout, in whole seconds, of the one checkpoint call that is to
+	// take this stream: the mover asks the kubelet checkpoint API with ?timeout= this (or CRI
+	// CheckpointContainer with this deadline: crictl --timeout), and the kubelet, containerd's CRI
+	// plugin and ttrpc carry that deadline to the shim's Checkpoint request; the location, options
+	// and annotations the kubelet chooses never reach the shim. The mover picks it at random
+	// (NewCheckpointTimeout), so that another party's checkpoint of the container while it is
+	// armed (another timeout, the kubelet's default, or none: ctr, nerdctl) is taken as if
+	// nothing were armed (Takes). It must exceed the kubelet's runtimeRequestTimeout (2 min by
+	// default), which the kubelet uses instead of a shorter one.
+	CheckpointTimeout int64 `json:"checkpointTimeout"`
 	// Expires is when the request lapses: a checkpoint after it is taken as if none were armed
 	// (stored: page images in the checkpoint), and the agent removes the file.
 	Expires time.Time `json:"expires"`
@@ -47,6 +64,44 @@ type PageStreamRequest struct {
 	// whose manifest records another algorithm than the one announced, and the move fails with
 	// the source running.
 	Digest string `json:"digest,omitempty"`
+}
+
+// deadlineSlack is how much later than the call's start plus CheckpointTimeout a checkpoint
+// request's deadline may be on arrival at the shim: gRPC sends a deadline over a day away in
+// whole seconds, rounded up, and each hop (kubelet, containerd, ttrpc) re-bases it on its own
+// receipt.
+const deadlineSlack = 5 * time.Second
+
+// Takes reports whether a Checkpoint request that arrived at now with the deadline deadline (ok:
+// it has one) is the checkpoint call this request was armed for: one made between Armed and now
+// with CheckpointTimeout as its timeout, that is deadline - CheckpointTimeout within [Armed - 1
+// s, now + deadlineSlack]. The clocks are one node's (the agent's, the kubelet's and the shim's).
+func (r PageStreamRequest) Takes(deadline time.Time, ok bool, now time.Time) bool {
+	if !ok || r.CheckpointTimeout <= 0 {
+		return false
+	}
+	start := deadline.Add(-time.Duration(r.CheckpointTimeout) * time.Second)
+	return !start.Before(r.Armed.Add(-time.Second)) && !start.After(now.Add(deadlineSlack))
+}
+
+// Checkpoint timeouts that NewCheckpointTimeout picks from: [MinCheckpointTimeout,
+// MinCheckpointTimeout + checkpointTimeoutSpan) seconds, a day to about 13 days. Only the
+// shim's match needs such a timeout; the checkpoint takes seconds, and the kubelet's call ends
+// with the mover's request anyway.
+const (
+	MinCheckpointTimeout  = 24 * 60 * 60
+	checkpointTimeoutSpan = 1 << 20
+)
+
+// NewCheckpointTimeout returns a random CheckpointTimeout in seconds (about 20 bits: another
+// party guessing it must also call within the armed window, seconds wide). Errors: the system's
+// random source.
+func NewCheckpointTimeout() (int64, error) {
+	n, err := rand.Int(rand.Reader, big.NewInt(checkpointTimeoutSpan))
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint timeout: %w", err)
+	}
+	return MinCheckpointTimeout + n.Int64(), nil
 }
 
 // ErrBadPageStreamRequest: an armed page stream request is not one this shim can serve (not

@@ -595,3 +595,58 @@ func TestHandshakeFloodOneSource(t *testing.T) {
 	}
 	assertRootClean(t, root, "real")
 }
+
+// TestHandshakeFloodManySources: peers on several addresses that together hold every handshake
+// place (each within MaxHandshakesPerSource) and never start their TLS handshake cannot keep a
+// sender out: its connection takes the place of the oldest one of a source holding the most,
+// which is closed (ErrBusy, naming why), and the sender gets through.
+func TestHandshakeFloodManySources(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 64<<10)
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, sendFiles := ca.node(t, "node-a"), ca.node(t, "node-b")
+	root := t.TempDir()
+	const sources, perSource = 8, 2
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 2, MaxHandshakes: sources * perSource, MaxHandshakesPerSource: perSource, HandshakeTimeout: time.Minute}
+	addr, out := serve(t, r, serverTLS(t, recvFiles))
+	var flood []net.Conn
+	t.Cleanup(func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	})
+	// from 127.0.0.2 to 127.0.0.9, each one connection more than it may hold: its refusal says
+	// that the ones before it hold their places
+	for i := range sources {
+		ip := net.IPv4(127, 0, 0, byte(2+i))
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}
+		for range perSource + 1 {
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flood = append(flood, c)
+		}
+		if d := next(t, out); !errors.Is(d.err, ErrBusy) || !strings.Contains(d.err.Error(), "from "+ip.String()+" in their TLS handshake") {
+			t.Fatalf("source %s: %v, want its third connection closed unanswered", ip, d.err)
+		}
+	}
+	if _, err := sendTo(t, addr, clientTLS(t, sendFiles), src, "real"); err != nil {
+		t.Fatalf("a sender beside %d sources holding every handshake place: %v", sources, err)
+	}
+	var displaced, sent int
+	for range 2 {
+		switch d := next(t, out); {
+		case d.err == nil:
+			sent++
+		case errors.Is(d.err, ErrBusy) && strings.Contains(d.err.Error(), "closed for a newer connection"):
+			displaced++
+		default:
+			t.Fatalf("beside the flood: %v", d.err)
+		}
+	}
+	if displaced != 1 || sent != 1 {
+		t.Fatalf("%d flood connections displaced, %d checkpoints received; want 1 and 1", displaced, sent)
+	}
+	assertRootClean(t, root, "real")
+}

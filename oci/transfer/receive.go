@@ -102,10 +102,12 @@ type Receiver struct {
 	// answered "busy" (the sender gets ErrBusy) and closed. 0 means DefaultMaxConns.
 	MaxConns int
 	// MaxHandshakes is how many connections may be in their TLS handshake at once (each for at
-	// most HandshakeTimeout) before Serve closes new ones unanswered; 0 means
-	// DefaultMaxHandshakes. A connection takes one of the MaxConns slots only once its mutual
-	// TLS handshake succeeded, so peers without a certificate of the cluster's CA cannot hold
-	// the slots that senders need.
+	// most HandshakeTimeout); 0 means DefaultMaxHandshakes. Beyond it, a new connection takes
+	// the place of the oldest one of the source holding the most places, which Serve closes
+	// (handshaking), so that peers on many addresses cannot keep every place by renewing them.
+	// A connection takes one of the MaxConns slots only once its mutual TLS handshake
+	// succeeded, so peers without a certificate of the cluster's CA cannot hold the slots that
+	// senders need.
 	MaxHandshakes int
 	// MaxHandshakesPerSource is how many of those MaxHandshakes one source may hold at once
 	// (an IPv4 address, or an IPv6 /64: what one host has); a connection beyond them is closed
@@ -184,8 +186,9 @@ var (
 // Serve accepts connections on ln and handles each (Handle) in its own goroutine, at most
 // MaxConns at a time, until ctx is done; then it closes ln, waits for the running transfers
 // (which ctx also aborts) and returns nil. Each connection first completes its TLS handshake
-// (within HandshakeTimeout; at most MaxHandshakes at once and MaxHandshakesPerSource from one
-// source, beyond which new connections are closed unanswered) and only then takes a slot, so peers that cannot authenticate never hold
+// (within HandshakeTimeout; at most MaxHandshakesPerSource from one source, beyond which new
+// connections are closed unanswered, and MaxHandshakes at once, beyond which the oldest of the
+// source holding the most is closed for the new one) and only then takes a slot, so peers that cannot authenticate never hold
 // one. An authenticated connection beyond MaxConns is answered "busy" at once and closed, so a
 // sender never waits in the backlog; beyond MaxConns more of those, it is closed unanswered. Each connection is
 // closed after Handle returns, and its outcome reported to OnDone. ln comes from Listen (TLS
@@ -212,10 +215,9 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 		perSource = DefaultMaxHandshakesPerSource
 	}
 	perSource = min(perSource, maxHandshakes)
-	fromSource := &sourceCounts{n: map[string]int{}} // connections in their TLS handshake, by source
+	handshakes := newHandshaking(maxHandshakes, perSource) // connections in their TLS handshake
 	slots := make(chan struct{}, maxConns)
-	busy := make(chan struct{}, maxConns)            // connections being answered busy
-	handshakes := make(chan struct{}, maxHandshakes) // connections in their TLS handshake
+	busy := make(chan struct{}, maxConns) // connections being answered busy
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -231,23 +233,18 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("transfer: accept: %w", err)
 		}
 		src := sourceOf(conn.RemoteAddr())
-		if !fromSource.take(src, perSource) {
+		id, ok := handshakes.add(conn, src)
+		if !ok {
 			r.done(conn, "", fmt.Errorf("%w: %d connections from %s in their TLS handshake: closed unanswered", ErrBusy, perSource, src), func() {})
-			continue
-		}
-		select {
-		case handshakes <- struct{}{}:
-		default:
-			fromSource.release(src)
-			r.done(conn, "", fmt.Errorf("%w: %d connections in their TLS handshake: closed unanswered", ErrBusy, maxHandshakes), func() {})
 			continue
 		}
 		wg.Go(func() {
 			// the TLS handshake first, outside the slots: only an authenticated peer may
 			// take one (a plain connection, on loopback, has nothing to complete)
 			err := r.handshakeTLS(conn, time.Now().Add(r.handshakeTimeout()))
-			<-handshakes
-			fromSource.release(src)
+			if !handshakes.remove(id) {
+				err = fmt.Errorf("%w: %s was in its TLS handshake when all %d places were taken: closed for a newer connection", ErrBusy, conn.RemoteAddr(), maxHandshakes)
+			}
 			if err != nil {
 				r.done(conn, "", err, func() {})
 				return
@@ -270,29 +267,76 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// sourceCounts counts connections by source (sourceOf).
-type sourceCounts struct {
-	mu sync.Mutex
-	n  map[string]int
+// handshaking is the set of connections in their TLS handshake (Serve): at most max at once,
+// at most perSource of them from one source (sourceOf). When it is full, a new connection takes
+// the place of the oldest connection of the source that holds the most places, which is closed:
+// so peers on many addresses that open connections and never finish their handshake cannot keep
+// every place by renewing them each HandshakeTimeout; to displace a sender's handshake (one
+// round trip, from a source holding one or two places) they must open max new connections from
+// sources that hold as few, within that round trip.
+type handshaking struct {
+	mu        sync.Mutex
+	max       int
+	perSource int
+	next      uint64
+	conns     map[uint64]handshakeEntry
+	bySource  map[string]int
 }
 
-// take counts one more connection from src and reports true, unless src has max already.
-func (c *sourceCounts) take(src string, max int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[src] >= max {
+// handshakeEntry is one connection of handshaking.
+type handshakeEntry struct {
+	conn net.Conn
+	src  string
+}
+
+func newHandshaking(max, perSource int) *handshaking {
+	return &handshaking{max: max, perSource: perSource, conns: map[uint64]handshakeEntry{}, bySource: map[string]int{}}
+}
+
+// add counts conn from src in and returns its id; ok is false (nothing counted) when src holds
+// perSource places already. When every place is taken it closes the oldest connection of the
+// source holding the most (its remove then reports false) and gives its place to conn.
+func (h *handshaking) add(conn net.Conn, src string) (id uint64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.bySource[src] >= h.perSource {
+		return 0, false
+	}
+	if len(h.conns) >= h.max {
+		var victim uint64
+		most := 0
+		for id, e := range h.conns {
+			if n := h.bySource[e.src]; n > most || (n == most && id < victim) {
+				victim, most = id, n
+			}
+		}
+		_ = h.conns[victim].conn.Close()
+		h.drop(victim)
+	}
+	h.next++
+	h.conns[h.next] = handshakeEntry{conn: conn, src: src}
+	h.bySource[src]++
+	return h.next, true
+}
+
+// remove takes connection id out of the set once its handshake ended; false: it had been closed
+// for a newer connection (add).
+func (h *handshaking) remove(id uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.conns[id]; !ok {
 		return false
 	}
-	c.n[src]++
+	h.drop(id)
 	return true
 }
 
-// release counts one connection from src less.
-func (c *sourceCounts) release(src string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[src]--; c.n[src] <= 0 {
-		delete(c.n, src)
+// drop forgets connection id; h.mu is held.
+func (h *handshaking) drop(id uint64) {
+	src := h.conns[id].src
+	delete(h.conns, id)
+	if h.bySource[src]--; h.bySource[src] <= 0 {
+		delete(h.bySource, src)
 	}
 }
 

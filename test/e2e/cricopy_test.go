@@ -10,10 +10,13 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/test/image"
 	"github.com/berth-dev/berth/test/node"
 	"github.com/berth-dev/berth/test/workload/client"
@@ -25,7 +28,9 @@ import (
 // send-pages` arms the source node's shim (its page_stream_dir) for the container and carries the
 // pages to a `berthctl receive` with CRIU; then CRI CheckpointContainer (crictl checkpoint
 // --export, what the kubelet checkpoint API calls) streams the memory through the shim's relay
-// while it writes an archive without a page image; `berthctl send` brings the archive to the same
+// while it writes an archive without a page image (another crictl checkpoint before it, without
+// the armed call's timeout, and a ctr one, without a deadline, are ordinary ones and leave the
+// stream armed); `berthctl send` brings the archive to the same
 // receiver, which adopts the pages once the digest the shim signed matches; a pod on the other
 // node restored from it continues the session with identical tokens and no prefill recomputed.
 func TestCRICheckpointCopyMode(t *testing.T) {
@@ -67,7 +72,12 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", name, "--dir", arm, "--expire", "60s", rcv.addr)
+	cpTimeout, err := checkpoint.NewCheckpointTimeout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", name, "--dir", arm, "--expire", "60s",
+		"--checkpoint-timeout", strconv.FormatInt(cpTimeout, 10), rcv.addr)
 	stdout, err := sp.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -82,8 +92,38 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 		_ = sp.Wait()
 		t.Fatalf("send-pages did not arm: %q %s", lines.Text(), spErr.String())
 	}
+	// another operator's checkpoint of the container while it is armed (crictl's own timeout,
+	// not the armed one) is an ordinary one, page images included, and leaves the stream armed
+	other := filepath.Join(dir, "other.tar")
+	if out, err := src.Crictl(ctx, "checkpoint", "--export="+other, cid); err != nil {
+		t.Fatalf("another crictl checkpoint while armed: %v %s", err, out)
+	}
+	if !slices.ContainsFunc(kubeTarNames(t, other), func(n string) bool { return strings.HasPrefix(path.Base(n), "pages-") }) {
+		t.Errorf("another party's checkpoint while a page stream was armed holds no page image: it took the stream")
+	}
+	// and so is one through containerd's API, which carries no deadline at all (ctr)
+	imgs := filepath.Join(dir, "ctr-images")
+	if out, err := src.Ctr(ctx, "-n", "k8s.io", "tasks", "checkpoint", "--image-path", imgs, cid); err != nil {
+		t.Fatalf("ctr tasks checkpoint while armed: %v %s", err, out)
+	}
+	if got, _ := filepath.Glob(filepath.Join(imgs, "pages-*.img")); len(got) == 0 {
+		t.Errorf("a ctr checkpoint while a page stream was armed holds no page image in %s: it took the stream", imgs)
+	}
+	// ctr leaves a checkpoint image (containerd.io/checkpoint/ID:TIME, to the second) for a
+	// runtime other than runc's; the CRI checkpoint below, within the same second, would collide
+	if out, err := src.Ctr(ctx, "-n", "k8s.io", "images", "ls", "-q"); err == nil {
+		for _, ref := range strings.Fields(out) {
+			if strings.HasPrefix(ref, "containerd.io/checkpoint/"+cid+":") {
+				_, _ = src.Ctr(ctx, "-n", "k8s.io", "images", "rm", "--sync", ref)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(arm, cid+".json")); err != nil {
+		t.Errorf("the armed request after other parties' checkpoints: %v", err)
+	}
 	archive := filepath.Join(dir, name+".tar")
-	if out, err := src.Crictl(ctx, "checkpoint", "--export="+archive, cid); err != nil {
+	// the checkpoint call the stream was armed for: its timeout (the kubelet API's ?timeout=)
+	if out, err := src.Crictl(ctx, fmt.Sprintf("--timeout=%ds", cpTimeout), "checkpoint", "--export="+archive, cid); err != nil {
 		t.Fatalf("crictl checkpoint: %v %s", err, out)
 	}
 	var sent struct{ Bytes int64 }
@@ -195,7 +235,12 @@ func TestCRICheckpointCopyModeReceiverKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", "cri-copy-killed", "--dir", arm, "--expire", "60s", rcv.addr)
+	cpTimeout, err := checkpoint.NewCheckpointTimeout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", "cri-copy-killed", "--dir", arm, "--expire", "60s",
+		"--checkpoint-timeout", strconv.FormatInt(cpTimeout, 10), rcv.addr)
 	stdout, err := sp.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +263,7 @@ func TestCRICheckpointCopyModeReceiverKilled(t *testing.T) {
 		rcv.kill()
 		killed <- ctx.Err() == nil
 	}()
-	out, err := src.Crictl(ctx, "checkpoint", "--export="+filepath.Join(dir, "killed.tar"), cid)
+	out, err := src.Crictl(ctx, fmt.Sprintf("--timeout=%ds", cpTimeout), "checkpoint", "--export="+filepath.Join(dir, "killed.tar"), cid)
 	if !<-killed {
 		t.Fatalf("the receiver was not killed mid-stream; checkpoint: %v %s", err, out)
 	}

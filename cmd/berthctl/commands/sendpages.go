@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -42,25 +43,31 @@ func SendPages() *cobra.Command {
 	var (
 		container, name, dir string
 		expire               time.Duration
+		cpTimeout            int64
 		disarm               bool
 		tf                   *tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "send-pages --container ID (--name NAME [--expire D] HOST:PORT | --disarm) [--dir DIR]",
+		Use:   "send-pages --container ID (--name NAME --checkpoint-timeout SECONDS [--expire D] HOST:PORT | --disarm [--name NAME]) [--dir DIR]",
 		Short: "Arm copy mode for a container's next checkpoint: its memory pages go to a 'berthctl receive'",
-		Long: `send-pages arms a copy-mode page stream for the next checkpoint of container ID (its containerd
-id), whoever asks for it (the kubelet checkpoint API): it connects to the 'berthctl receive' at
-HOST:PORT (mutual TLS, as 'berthctl send'), listens on a unix socket in --dir (the shim's
-page_stream_dir) and writes ID.json there, then prints "armed". berth's shim, on that
-container's checkpoint, takes the request, has CRIU send the memory pages through a relay of its
+		Long: `send-pages arms a copy-mode page stream for one checkpoint call of container ID (its containerd
+id): the next one made with the timeout --checkpoint-timeout SECONDS (the kubelet checkpoint
+API's ?timeout=SECONDS, or 'crictl --timeout=SECONDSs checkpoint'), whose deadline containerd
+passes to the shim. It connects to the 'berthctl receive' at HOST:PORT (mutual TLS, as 'berthctl
+send'), listens on a unix socket in --dir (the shim's page_stream_dir) and writes ID.json there,
+then prints "armed". berth's shim, on that checkpoint call, takes the request, has CRIU send the memory pages through a relay of its
 own that digests them (the digest goes into the checkpoint's berth.json, which the shim signs),
 and forwards them to the socket; send-pages carries them to the receiver as NAME, which keeps
 them until the checkpoint of the same name arrives (berthctl send) and its signed digest matches.
-The checkpoint itself then holds no page images.
+The checkpoint itself then holds no page images. Any other checkpoint of the container meanwhile
+(another timeout or none: another operator's crictl, ctr or kubelet call) is taken as usual,
+pages included, and leaves the stream armed. Pick the timeout at random, above the kubelet's
+runtimeRequestTimeout (kubectl berth move picks one of a day or more); it is no secret, only
+unlikely to be another party's.
 
 It ends when the stream has ended (its last line: JSON with the bytes forwarded), or without a
 stream after --expire; then it removes the request. A checkpoint after the expiry is taken as if
-nothing were armed. 'send-pages --disarm --container ID' (what move runs when it gives up)
+nothing were armed. 'send-pages --disarm --container ID [--name NAME]' (what move runs when it gives up)
 removes the request unless a checkpoint took it, and ends the send-pages waiting on it (it
 connects to its socket and closes at once: the receiver sees a cut stream and drops it).`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -78,10 +85,13 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 				return fmt.Errorf("--container %q: want a containerd container id", container)
 			}
 			if disarm {
-				return disarmPages(cmd.OutOrStdout(), dir, container)
+				return disarmPages(cmd.OutOrStdout(), dir, container, name)
 			}
 			if err := transfer.ValidName(name); err != nil {
 				return fmt.Errorf("--name: %w", err)
+			}
+			if cpTimeout <= 0 {
+				return fmt.Errorf("--checkpoint-timeout %d: want the timeout, in seconds, of the checkpoint call that is to take the stream", cpTimeout)
 			}
 			ctx := cmd.Context()
 			start := time.Now()
@@ -93,7 +103,8 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 			if err := transfer.AnnouncePages(conn, name, checkpoint.PageDigestDefault); err != nil {
 				return err
 			}
-			framed, err := armPages(ctx, cmd.OutOrStdout(), dir, container, name, start.Add(expire))
+			framed, err := armPages(ctx, cmd.OutOrStdout(), dir, checkpoint.PageStreamRequest{
+				Container: container, Name: name, CheckpointTimeout: cpTimeout, Expires: start.Add(expire), Digest: checkpoint.PageDigestDefault})
 			if err != nil {
 				return err
 			}
@@ -107,8 +118,9 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 	cmd.Flags().StringVar(&container, "container", "", "containerd id of the container whose next checkpoint streams its pages")
 	cmd.Flags().StringVar(&name, "name", "", "the checkpoint's name at the receiver (what 'berthctl send --name' names it)")
 	cmd.Flags().StringVar(&dir, "dir", checkpoint.DefaultPageStreamDir, "the shim's page_stream_dir, as mounted here")
-	cmd.Flags().DurationVar(&expire, "expire", 2*time.Minute, "how long the request stays armed without a checkpoint")
-	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container, unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
+	cmd.Flags().DurationVar(&expire, "expire", 30*time.Second, "how long the request stays armed without a checkpoint")
+	cmd.Flags().Int64Var(&cpTimeout, "checkpoint-timeout", 0, "the timeout, in seconds, of the checkpoint call that is to take the stream (the kubelet API's ?timeout=)")
+	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container (with --name: only the one armed under that name), unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
 	tf = addTLSFlags(cmd.Flags())
 	tf.addServerName(cmd.Flags())
 	// the armed line comes first on stdout; the result is JSON
@@ -116,11 +128,14 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 }
 
 // armPages makes dir (mode 0700, and closes an existing one of ours to other users), listens on a
-// unix socket in it, writes container's request (checkpoint.PageStreamRequest,
-// expiring at expires) as <container>.json, prints SendPagesArmed on out, and returns the shim's
-// connection once it came (a peer of uid 0: the shim). The request and the socket are removed
-// before it returns, whatever happens.
-func armPages(ctx context.Context, out io.Writer, dir, container, name string, expires time.Time) (net.Conn, error) {
+// unix socket in it, writes r (Container, Name, CheckpointTimeout and Expires set; armPages sets
+// Socket and Armed) as <r.Container>.json unless a request armed for that container is there and
+// not expired, prints SendPagesArmed on out, and returns the shim's connection once it came (a
+// peer of uid 0: the shim). The request and the socket are removed before it returns, whatever
+// happens. Errors: a request armed already (another move of the same container), I/O errors, the
+// expiry or ctx's end before the shim came.
+func armPages(ctx context.Context, out io.Writer, dir string, r checkpoint.PageStreamRequest) (net.Conn, error) {
+	container, expires := r.Container, r.Expires
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
@@ -149,20 +164,32 @@ func armPages(ctx context.Context, out io.Writer, dir, container, name string, e
 	if err := os.Chmod(sock, 0o600); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
-	b, err := json.Marshal(checkpoint.PageStreamRequest{Container: container, Name: name, Socket: sockName, Expires: expires.UTC(), Digest: checkpoint.PageDigestDefault})
+	r.Socket, r.Armed, r.Expires = sockName, time.Now().UTC(), expires.UTC()
+	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
 	req := filepath.Join(dir, container+checkpoint.PageStreamRequestSuffix)
-	tmp := filepath.Join(dir, "."+container+".tmp")
+	if err := removeExpired(req, r.Armed); err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(dir, "."+sockName+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
-	if err := os.Rename(tmp, req); err != nil {
-		_ = os.Remove(tmp)
+	// a link, never a rename over: a second move of the same container must not take the first
+	// one's checkpoint call (nor have its own disarmed by the first's end)
+	err = os.Link(tmp, req)
+	_ = os.Remove(tmp)
+	if errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("arm page stream: a page stream is armed for container %s already (another move of it?)", container)
+	} else if err != nil {
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
-	defer func() { // disarm: a request the shim took is gone already
+	defer func() { // disarm: a request the shim took is gone already, and another may be there
+		if cur, err := os.ReadFile(req); err != nil || !bytes.Equal(cur, b) {
+			return
+		}
 		if err := os.Remove(req); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			fmt.Fprintf(os.Stderr, "disarm %s: %v\n", req, err)
 		}
@@ -188,6 +215,24 @@ func armPages(ctx context.Context, out io.Writer, dir, container, name string, e
 	}
 }
 
+// removeExpired removes the request at path if it expired before now (its send-pages was killed
+// before it could remove it). Errors: I/O errors other than a missing file.
+func removeExpired(path string, now time.Time) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("arm page stream: %w", err)
+	}
+	var old checkpoint.PageStreamRequest
+	if json.Unmarshal(b, &old) == nil && !old.Expires.IsZero() && !now.Before(old.Expires) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("arm page stream: %w", err)
+		}
+	}
+	return nil
+}
+
 // peerUID returns the uid of the process at the other end of c (SO_PEERCRED), -1 when unknown.
 func peerUID(c *net.UnixConn) int {
 	raw, err := c.SyscallConn()
@@ -206,8 +251,9 @@ func peerUID(c *net.UnixConn) int {
 // disarmPages removes the request armed for container in dir, unless a checkpoint took it
 // already, and then connects to the socket it names and closes, so that the send-pages waiting
 // there ends (its stream reaches the receiver cut, and the receiver drops it). It prints
-// "disarmed" or "nothing armed".
-func disarmPages(out io.Writer, dir, container string) error {
+// "disarmed" or "nothing armed". With name not empty it disarms only a request armed under that
+// checkpoint name: another move's request for the same container is left alone.
+func disarmPages(out io.Writer, dir, container, name string) error {
 	if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
 		return fmt.Errorf("--container %q: want a containerd container id", container)
 	}
@@ -220,14 +266,19 @@ func disarmPages(out io.Writer, dir, container string) error {
 	if err != nil {
 		return fmt.Errorf("disarm: %w", err)
 	}
+	var r checkpoint.PageStreamRequest
+	perr := json.Unmarshal(b, &r)
+	if name != "" && (perr != nil || r.Name != name) {
+		_, err := fmt.Fprintln(out, "nothing armed") // another move's
+		return err
+	}
 	if err := os.Remove(req); errors.Is(err, fs.ErrNotExist) {
 		_, err := fmt.Fprintln(out, "nothing armed") // a checkpoint took it meanwhile
 		return err
 	} else if err != nil {
 		return fmt.Errorf("disarm: %w", err)
 	}
-	var r checkpoint.PageStreamRequest
-	if json.Unmarshal(b, &r) == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
+	if perr == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
 		if c, err := net.DialTimeout("unix", filepath.Join(dir, r.Socket), 5*time.Second); err == nil {
 			c.Close()
 		}

@@ -14,6 +14,55 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
 
+// testCheckpointTimeout is the checkpoint timeout of testArmRequest's requests.
+const testCheckpointTimeout = 86400 + 17
+
+// testArmRequest is what send-pages asks armPages to arm.
+func testArmRequest(container, name string, expires time.Time) checkpoint.PageStreamRequest {
+	return checkpoint.PageStreamRequest{Container: container, Name: name, CheckpointTimeout: testCheckpointTimeout, Expires: expires}
+}
+
+// A second arming for the same container while one is armed is refused and leaves the first's
+// request as it was (a rename over it would hand the first move's checkpoint call to the second);
+// an expired request left by a killed send-pages is replaced.
+func TestArmPagesTwice(t *testing.T) {
+	dir := t.TempDir()
+	req := filepath.Join(dir, "c1.json")
+	first := []byte(`{"container":"c1","name":"first","socket":"pages-1.sock","armed":"2026-01-01T00:00:00Z","checkpointTimeout":86400,"expires":"2999-01-01T00:00:00Z"}`)
+	if err := os.WriteFile(req, first, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := armPages(context.Background(), &bytes.Buffer{}, dir, testArmRequest("c1", "second", time.Now().Add(time.Minute)))
+	if err == nil || !strings.Contains(err.Error(), "armed for container c1 already") {
+		t.Fatalf("second arming: %v", err)
+	}
+	if b, err := os.ReadFile(req); err != nil || !bytes.Equal(b, first) {
+		t.Fatalf("the first request after a second arming: %q %v", b, err)
+	}
+	expired := bytes.Replace(first, []byte("2999-01-01"), []byte("2026-01-01"), 1)
+	if err := os.WriteFile(req, expired, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := newSyncBuffer()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := armPages(ctx, out, dir, testArmRequest("c1", "second", time.Now().Add(time.Minute)))
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), SendPagesArmed); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not armed over an expired request")
+		}
+	}
+	var got checkpoint.PageStreamRequest
+	if b, err := os.ReadFile(req); err != nil || json.Unmarshal(b, &got) != nil || got.Name != "second" {
+		t.Fatalf("armed over an expired request: %q %v", b, err)
+	}
+	cancel()
+	<-done
+}
+
 // armPages writes the request the shim claims (container, name, socket in the same directory,
 // expiry), says "armed" only once it is in place, hands over the shim's connection, and leaves
 // neither the request nor the socket behind.
@@ -30,7 +79,7 @@ func TestArmPagesTaken(t *testing.T) {
 	}
 	done := make(chan res, 1)
 	go func() {
-		c, err := armPages(context.Background(), out, dir, "c1abcdef0123456789", "ns-pod-1", expires)
+		c, err := armPages(context.Background(), out, dir, testArmRequest("c1abcdef0123456789", "ns-pod-1", expires))
 		done <- res{c, err}
 	}()
 	var req checkpoint.PageStreamRequest
@@ -48,7 +97,8 @@ func TestArmPagesTaken(t *testing.T) {
 	if err := json.Unmarshal(b, &req); err != nil {
 		t.Fatal(err)
 	}
-	if req.Container != "c1abcdef0123456789" || req.Name != "ns-pod-1" || !req.Expires.Equal(expires) || req.Socket != filepath.Base(req.Socket) {
+	if req.Container != "c1abcdef0123456789" || req.Name != "ns-pod-1" || !req.Expires.Equal(expires) || req.Socket != filepath.Base(req.Socket) ||
+		req.CheckpointTimeout != testCheckpointTimeout || time.Since(req.Armed) > time.Minute || time.Until(req.Armed) > 0 {
 		t.Fatalf("request %+v", req)
 	}
 	shim, err := net.Dial("unix", filepath.Join(dir, req.Socket))
@@ -87,7 +137,7 @@ func TestArmPagesExpires(t *testing.T) {
 			expires = time.Now().Add(time.Hour)
 			time.AfterFunc(300*time.Millisecond, cancel)
 		}
-		_, err := armPages(ctx, &bytes.Buffer{}, dir, "c1", "ns-pod-1", expires)
+		_, err := armPages(ctx, &bytes.Buffer{}, dir, testArmRequest("c1", "ns-pod-1", expires))
 		cancel()
 		want := "no checkpoint took it"
 		if cancelled {
@@ -113,13 +163,13 @@ func TestDisarmPages(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var out bytes.Buffer
-	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+	if err := disarmPages(&out, dir, "c1", ""); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
 		t.Fatalf("disarm with nothing armed: %q, %v", out.String(), err)
 	}
 	armedOut := newSyncBuffer()
 	done := make(chan net.Conn, 1)
 	go func() {
-		c, err := armPages(context.Background(), armedOut, dir, "c1", "ns-pod-1", time.Now().Add(time.Minute))
+		c, err := armPages(context.Background(), armedOut, dir, testArmRequest("c1", "ns-pod-1", time.Now().Add(time.Minute)))
 		if err != nil {
 			t.Error(err)
 		}
@@ -129,7 +179,15 @@ func TestDisarmPages(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	out.Reset()
-	if err := disarmPages(&out, dir, "c1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
+	// another move's disarm (another checkpoint name) leaves it armed
+	if err := disarmPages(&out, dir, "c1", "ns-pod-2"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+		t.Fatalf("disarm under another name: %q, %v", out.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c1.json")); err != nil {
+		t.Fatalf("after another name's disarm: %v", err)
+	}
+	out.Reset()
+	if err := disarmPages(&out, dir, "c1", "ns-pod-1"); err != nil || strings.TrimSpace(out.String()) != "disarmed" {
 		t.Fatalf("disarm: %q, %v", out.String(), err)
 	}
 	c := <-done
@@ -167,7 +225,7 @@ func TestArmPagesSharedIDPrefix(t *testing.T) {
 		out := newSyncBuffer()
 		done[id] = make(chan res, 1)
 		go func() {
-			c, err := armPages(ctx, out, dir, id, "ns-"+id, time.Now().Add(time.Minute))
+			c, err := armPages(ctx, out, dir, testArmRequest(id, "ns-"+id, time.Now().Add(time.Minute)))
 			done[id] <- res{c, err}
 		}()
 		deadline := time.Now().Add(10 * time.Second)

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,12 @@ import (
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
+
+// kubeletCheckpointTimeout bounds move's kubelet checkpoint call: ending it cancels the
+// kubelet's, containerd's and the shim's request (and with it an armed page stream). The
+// kubelet's own deadline is the call's ?timeout=, days in copy mode (PageStreamRequest's
+// CheckpointTimeout), or its runtimeRequestTimeout (2 min by default) in stored mode.
+const kubeletCheckpointTimeout = 15 * time.Minute
 
 // Sentinel errors.
 var (
@@ -190,11 +197,18 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	res.To = o.To
 	phase("preflight", t0)
 
-	var pages PageStream
+	var (
+		pages     PageStream
+		cpTimeout int64 // the kubelet call's ?timeout=, which the armed stream is for
+	)
 	if res.Mode == ModeCopy {
-		// the source agent arms the shim (pagearm.go): the dump sends the pages to dst's agent
+		// the source agent arms the shim (pagearm.go): the dump of the checkpoint call with
+		// cpTimeout (and no other party's checkpoint) sends the pages to dst's agent
 		t0 = now()
-		if pages, err = streams.ArmPages(ctx, src.Spec.NodeName, o.To, containerID, res.Checkpoint); err != nil {
+		if cpTimeout, err = checkpoint.NewCheckpointTimeout(); err != nil {
+			return nil, err
+		}
+		if pages, err = streams.ArmPages(ctx, src.Spec.NodeName, o.To, containerID, res.Checkpoint, cpTimeout); err != nil {
 			return nil, fmt.Errorf("arm the page stream of %s/%s on %s toward %s: %w", o.Namespace, o.Pod, src.Spec.NodeName, o.To, err)
 		}
 		defer pages.Close() // disarms it when the kubelet never asked; nothing after Wait
@@ -203,11 +217,26 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 
 	// the kubelet checkpoint API, through the API server's node proxy
 	t0 = now()
-	raw, err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/nodes", src.Spec.NodeName, "proxy", "checkpoint", o.Namespace, o.Pod, container).
-		Do(ctx).Raw()
+	creq := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/nodes", src.Spec.NodeName, "proxy", "checkpoint", o.Namespace, o.Pod, container)
+	if cpTimeout > 0 {
+		// whole seconds, as the kubelet parses it (the API server passes a node proxy's
+		// query on)
+		creq = creq.Param("timeout", strconv.FormatInt(cpTimeout, 10))
+	}
+	// the kubelet's own bound is the call's timeout, which copy mode sets to days: bound it here
+	cctx, cancel := context.WithTimeout(ctx, kubeletCheckpointTimeout)
+	raw, err := creq.Do(cctx).Raw()
+	cancel()
 	if err != nil {
 		err = fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %w", src.Spec.NodeName, o.Namespace, o.Pod, container, err)
-		if as, ok := pages.(*agentStream); ok {
+		taken := true
+		if pages != nil { // disarmed at once: no later checkpoint takes it
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeGrace)
+			disarmed, derr := pages.Disarm(dctx)
+			cancel()
+			taken = derr != nil || !disarmed
+		}
+		if as, ok := pages.(*agentStream); ok && taken {
 			// what the source agent saw of the page stream, when it ended with the checkpoint
 			if out, aerr, done := as.result(2 * time.Second); done && aerr != nil {
 				err = fmt.Errorf("%w; the source agent: %w", err, aerr)
@@ -225,6 +254,11 @@ func Move(ctx context.Context, cs kubernetes.Interface, o Options) (res *Result,
 	}
 	res.Archive = items.Items[0]
 	if pages != nil {
+		// nothing stays armed once the kubelet answered; a request still there was not taken
+		if disarmed, err := pages.Disarm(ctx); err == nil && disarmed {
+			return nil, fmt.Errorf("kubelet checkpoint API on %s for %s/%s/%s: %s was written without taking the page stream armed for it (the shim saw another deadline than ?timeout=%d s: a kubelet runtimeRequestTimeout above it?); it holds the pages: --mode stored moves it whole",
+				src.Spec.NodeName, o.Namespace, o.Pod, container, res.Archive, cpTimeout)
+		}
 		// the shim signed the stream's digest only once the destination had it all; the agent's
 		// end says how many bytes went
 		if res.PageBytes, err = pages.Wait(ctx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,10 +28,12 @@ const (
 
 // PageStreams is what a Transfer that can carry copy-mode page streams also has (Agents).
 type PageStreams interface {
-	// ArmPages arms a page stream for the next checkpoint of the container with containerd id
-	// container on node src, toward dst's receiver under the checkpoint name name, and returns
-	// once it is armed (the kubelet may be asked from then on).
-	ArmPages(ctx context.Context, src, dst, container, name string) (PageStream, error)
+	// ArmPages arms a page stream for the checkpoint call of the container with containerd id
+	// container on node src whose timeout is timeout seconds
+	// (checkpoint.PageStreamRequest.CheckpointTimeout: the kubelet API's ?timeout=), toward
+	// dst's receiver under the checkpoint name name, and returns once it is armed (the kubelet
+	// may be asked from then on).
+	ArmPages(ctx context.Context, src, dst, container, name string, timeout int64) (PageStream, error)
 }
 
 // PageStream is an armed page stream.
@@ -38,22 +41,30 @@ type PageStream interface {
 	// Wait returns the bytes forwarded once the stream ended (the checkpoint's dump sent every
 	// page, the destination's page server exited), or why it failed.
 	Wait(ctx context.Context) (int64, error)
+	// Disarm removes the request unless a checkpoint took it, and reports whether it did
+	// (true: no checkpoint took it, and the armed command ends; Wait then returns its error).
+	// The caller disarms as soon as its checkpoint call returned. Errors: the disarm command's.
+	Disarm(ctx context.Context) (bool, error)
 	// Close disarms it (a failed move: nothing is armed after, the destination drops what it
 	// got); after Wait it does nothing.
 	Close()
 }
 
 // armTimeout bounds the wait for the source agent to arm a stream; armExpiry is how long a
-// stream stays armed on the node without a checkpoint (the agent's --expire).
+// stream stays armed on the node without a checkpoint (the agent's --expire): move calls the
+// kubelet as soon as it is armed, and the shim takes the request as the checkpoint begins
+// (seconds: containerd pauses the task first); move disarms it as soon as the kubelet answered,
+// so the expiry matters only for a move that died in between.
 const (
 	armTimeout = 30 * time.Second
-	armExpiry  = 90 * time.Second
+	armExpiry  = 30 * time.Second
 )
 
 // agentStream is a `berthctl send-pages` running in the source node's agent.
 type agentStream struct {
-	// disarm runs `send-pages --disarm` for the container in the same agent
-	disarm func(ctx context.Context) error
+	// disarm runs `send-pages --disarm` for the container in the same agent and returns its
+	// output
+	disarm func(ctx context.Context) ([]byte, error)
 	cancel context.CancelFunc
 	out    *armedWriter
 	done   chan struct{}
@@ -65,7 +76,7 @@ type agentStream struct {
 // toward dst's agent's receiver, and returns once it printed "armed" (SendPagesArmed). Errors:
 // no agent (ErrNoAgent), the command's failure before it armed (its standard error), no word
 // within armTimeout.
-func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string) (PageStream, error) {
+func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string, timeout int64) (PageStream, error) {
 	from, err := a.pod(ctx, src)
 	if err != nil {
 		return nil, err
@@ -79,7 +90,7 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string)
 		return nil, err
 	}
 	argv := []string{agentBerthctl, "send-pages", "--container", container, "--name", name,
-		"--expire", armExpiry.String(), addr}
+		"--checkpoint-timeout", strconv.FormatInt(timeout, 10), "--expire", armExpiry.String(), addr}
 	req := a.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(from.Namespace).Name(from.Name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(a.Config, "GET", req.URL().String())
@@ -99,9 +110,8 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string)
 	// the stream outlives the call: it ends with Close or the command's end, not with ctx
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s := &agentStream{cancel: cancel, out: &armedWriter{armed: make(chan struct{})}, done: make(chan struct{})}
-	s.disarm = func(ctx context.Context) error {
-		_, err := a.exec(ctx, from, agentBerthctl, "send-pages", "--disarm", "--container", container)
-		return err
+	s.disarm = func(ctx context.Context) ([]byte, error) {
+		return a.exec(ctx, from, agentBerthctl, "send-pages", "--disarm", "--container", container, "--name", name)
 	}
 	var stderr bytes.Buffer
 	go func() {
@@ -154,6 +164,24 @@ func (s *agentStream) Wait(ctx context.Context) (int64, error) {
 	return res.Bytes, nil
 }
 
+// disarmWait is how long Disarm waits for the armed command to end by itself first: it ends
+// within milliseconds of the checkpoint that took its stream, and the exec is spared.
+const disarmWait = time.Second
+
+func (s *agentStream) Disarm(ctx context.Context) (bool, error) {
+	t := time.NewTimer(disarmWait)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		return false, nil
+	case <-t.C:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	out, err := s.disarm(ctx)
+	return strings.TrimSpace(string(out)) == "disarmed", err
+}
+
 // closeGrace bounds Close: the disarm command, then the armed command's end.
 const closeGrace = 10 * time.Second
 
@@ -170,7 +198,7 @@ func (s *agentStream) Close() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
 		defer cancel()
-		_ = s.disarm(ctx)
+		_, _ = s.disarm(ctx)
 		select {
 		case <-s.done:
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package move
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -14,10 +15,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/containerd/cgroups/v3"
 	cgroupsv1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -507,10 +510,15 @@ func HostPath(root, p string) (string, error) {
 
 // ContainerPIDs returns the PIDs, in the PID namespace of proc (a procfs: the host's /proc for
 // host PIDs), of the processes in the cgroup of the container id (a CRI or containerd container
-// ID, 12 characters at least): those whose proc/PID/cgroup names a cgroup path with id in its
-// last element (cgroupfs: .../ID; systemd: cri-containerd-ID.scope), sorted. It needs no
-// privilege (cgroup files are world-readable); a process gone meanwhile is skipped. Errors: an
-// id too short to be unique, or proc unreadable.
+// ID, 12 characters at least), sorted: those whose proc/PID/cgroup (parsed by containerd's
+// cgroups.ParseCgroupFromReaderUnified: the unified hierarchy's line and every cgroup v1
+// hierarchy's) names a path whose container element (cgroupOwner: the first element from the
+// root that names any container) is exactly id's: ID (cgroupfs) or PREFIX-ID.scope (systemd:
+// cri-containerd-ID.scope). A cgroup that only contains id in its name, or a child cgroup named
+// after id below another container's, is not id's: a tenant cannot have its own processes
+// counted as another container's. It needs no privilege (cgroup files are world-readable); a
+// process gone meanwhile, or whose file does not parse, is skipped. Errors: an id too short to be
+// unique, or proc unreadable.
 func ContainerPIDs(proc, id string) ([]int, error) {
 	if len(id) < 12 {
 		return nil, fmt.Errorf("container id %q: too short to find its cgroup", id)
@@ -529,17 +537,58 @@ func ContainerPIDs(proc, id string) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		for _, l := range strings.Split(string(b), "\n") {
-			// hierarchy-ID:controllers:path
-			parts := strings.SplitN(l, ":", 3)
-			if len(parts) == 3 && strings.Contains(path.Base(parts[2]), id) {
-				out = append(out, pid)
-				break
-			}
+		if inContainerCgroup(b, id) {
+			out = append(out, pid)
 		}
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// inContainerCgroup reports whether the /proc/PID/cgroup contents b place the process in the
+// cgroup of container id (or below it) in any hierarchy (cgroupOwner).
+func inContainerCgroup(b []byte, id string) bool {
+	v1, unified, err := cgroups.ParseCgroupFromReaderUnified(bytes.NewReader(b))
+	if err != nil {
+		return false
+	}
+	paths := []string{unified}
+	for _, p := range v1 {
+		paths = append(paths, p)
+	}
+	for _, p := range paths {
+		if owner, ok := cgroupOwner(p, id); ok && owner == id {
+			return true
+		}
+	}
+	return false
+}
+
+// containerIDElem is a containerd CRI container id: 64 lowercase hex digits.
+var containerIDElem = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// cgroupOwner returns the id of the container whose cgroup the cgroup path p is or lies below,
+// from p's first element (from the root; ".." of a path outside the reader's cgroup namespace
+// skipped) that names a container: a 64-hex id or id itself (cgroupfs), or PREFIX-ID.scope
+// with such an id (systemd). ok is false when no element names one (the pod's cgroup, a host
+// service's). The first one decides: a process in a child cgroup that a container made is
+// that container's, whatever the child's name.
+func cgroupOwner(p, id string) (owner string, ok bool) {
+	isID := func(s string) bool { return s == id || containerIDElem.MatchString(s) }
+	for _, el := range strings.Split(p, "/") {
+		if el == "" || el == "." || el == ".." {
+			continue
+		}
+		if isID(el) {
+			return el, true
+		}
+		if scope, found := strings.CutSuffix(el, ".scope"); found {
+			if i := strings.LastIndexByte(scope, '-'); i > 0 && isID(scope[i+1:]) {
+				return scope[i+1:], true
+			}
+		}
+	}
+	return "", false
 }
 
 // HeldOnHost is what the running container id holds on the host whose / is at hostRoot ("":

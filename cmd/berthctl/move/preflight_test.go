@@ -243,8 +243,8 @@ func TestPreflightHostRoot(t *testing.T) {
 	}
 }
 
-// TestContainerPIDs: a container's processes are those whose cgroup path ends in its ID
-// (cgroupfs) or names it (systemd's scope); another container's or the pod's are not.
+// TestContainerPIDs: a container's processes are those whose cgroup path has its ID as its
+// container element (cgroupfs) or its scope (systemd); another container's or the pod's are not.
 func TestContainerPIDs(t *testing.T) {
 	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	proc := t.TempDir()
@@ -278,6 +278,52 @@ func TestContainerPIDs(t *testing.T) {
 	}
 	if _, err := HeldOnHost(host, "ffffffffffffffff", nil); err == nil || !strings.Contains(err.Error(), "no process") {
 		t.Errorf("HeldOnHost of a container not there: %v", err)
+	}
+}
+
+// TestContainerPIDsCgroups: each fixture of testdata/cgroup is one process's /proc/PID/cgroup;
+// the process is the container's only when its cgroup (or one below it) is the container's own,
+// in cgroup v1 or v2, cgroupfs or systemd: never a cgroup whose name merely contains the id, nor
+// one named after it below another container's (which that container's tenant could make).
+func TestContainerPIDsCgroups(t *testing.T) {
+	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct {
+		fixture string
+		want    bool
+	}{
+		{"v1-cgroupfs", true},
+		{"v2-systemd", true},
+		{"v2-child-of-container", true},
+		{"v2-outside-cgroupns", true},
+		{"v2-other-container", false},
+		{"v2-pod", false},
+		{"lookalike-suffix", false},
+		{"lookalike-child", false},
+		{"lookalike-child-scope", false},
+		{"lookalike-v1-substring", false},
+		{"lookalike-service", false},
+		{"not-cgroup", false},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			b, err := os.ReadFile(filepath.Join("testdata", "cgroup", tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proc := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(proc, "42"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(proc, "42", "cgroup"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			pids, err := ContainerPIDs(proc, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(pids) == 1; got != tc.want {
+				t.Errorf("ContainerPIDs = %v for %q; want the process: %v", pids, b, tc.want)
+			}
+		})
 	}
 }
 
