@@ -85,8 +85,10 @@ covered: the daemon itself killed or crashing (the task can read zeros for the m
 until the guard killed it), the guard itself killed (contrib/TRUST.md).
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
-checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
-resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.
+checkpoint/shim/...) and the move's (checkpoint, transfer, restore, pages in lazy mode,
+stop-source or resume-source), and what was sent: the checkpoint's own stream and, in copy and
+lazy mode, the memory pages' stream beside it (-o json: bytes and pageBytes). -o json prints
+them with CRIU's dump statistics.
 
 Before anything is paused, the destination is checked (the same preflight as 'berthctl checkpoint
 check'): the image with the source's digest, namespaces joined by path, the memory limit against
