@@ -368,10 +368,15 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	return resp, nil
 }
 
-// releaseMemory returns the heap that starting a task left unused to the kernel, once the
-// Start call has answered: a shim then idles for its container's life, and Go's scavenger would
-// keep up to the next GC goal resident. It runs in the background (a GC of a few MiB).
-func (s *Service) releaseMemory() { go debug.FreeOSMemory() }
+// releaseMemory returns the heap that starting a task left unused to the kernel, releaseDelay
+// after the Start call has answered: a shim then idles for its container's life, and Go's
+// scavenger would keep up to the next GC goal resident. It runs in the background (a GC of a few
+// MiB), late enough not to take a CPU from the start's answer on its way to containerd and the
+// client, which a GC started at once did on two vCPUs.
+func (s *Service) releaseMemory() { time.AfterFunc(releaseDelay, debug.FreeOSMemory) }
+
+// releaseDelay is how long after a task's Start the shim returns its unused heap to the kernel.
+const releaseDelay = 250 * time.Millisecond
 
 // takeForStart moves id's record from created to started and returns what Start needs from it (a
 // copy, with the plan Start now owns); nil when id has no record waiting for Start.
