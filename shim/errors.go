@@ -8,7 +8,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc/status"
-	orasErrdef "oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/backend"
@@ -16,7 +15,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/oci/signature"
 )
 
@@ -123,11 +122,11 @@ func errorClasses() []struct {
 		class error
 	}{
 		// who may restore what: namespaces, registries, signatures, privileges
-		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, reference.ErrUnauthorized,
+		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, regdef.ErrUnauthorized,
 			signature.ErrUnsigned, signature.ErrUntrustedKey, signature.ErrBadSignature,
 			privilege.ErrExceedsSpec, ErrUncoveredRootfsDiff), errdefs.ErrPermissionDenied},
 		// what the caller asked for is malformed or points outside what is allowed
-		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, reference.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
+		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, regdef.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
 			archive.ErrTotalTooLarge, archive.ErrTooManyEntries, archive.ErrDuplicateEntry, backend.ErrUnknown,
 			ErrRootfsDiffTooLarge, ErrBadReference, ErrCRIUOptions, checkpoint.ErrBadPageStreamRequest), errdefs.ErrInvalidArgument},
@@ -138,7 +137,7 @@ func errorClasses() []struct {
 		// the checkpoint is damaged, is not berth's, or does not fit this node
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,
-			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, reference.ErrNotCheckpoint, reference.ErrLayerMismatch,
+			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, regdef.ErrNotCheckpoint, regdef.ErrLayerMismatch,
 			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey), errdefs.ErrFailedPrecondition},
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver
@@ -148,7 +147,7 @@ func errorClasses() []struct {
 		{is(gpu.ErrOutOfMemory), errdefs.ErrResourceExhausted},
 		{is(gpu.ErrIllegalState, gpu.ErrUnsupported, gpu.ErrNotCUDA), errdefs.ErrFailedPrecondition},
 		// what was named does not exist
-		{is(orasErrdef.ErrNotFound, os.ErrNotExist), errdefs.ErrNotFound},
+		{is(regdef.ErrNotFound, os.ErrNotExist), errdefs.ErrNotFound},
 	}
 }
 

@@ -17,14 +17,13 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	orasErrdef "oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci"
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 )
 
 func TestErrorClass(t *testing.T) {
@@ -41,14 +40,14 @@ func TestErrorClass(t *testing.T) {
 		{"archive entry unsafe", wrap(fmt.Errorf("../x: %w", archive.ErrUnsafePath)), errdefs.ErrInvalidArgument},
 		{"registry digest", wrap(mark(errors.New("digest md5:x"), ErrRegistryDigest)), errdefs.ErrInvalidArgument},
 		{"missing checkpoint", wrap(&fs.PathError{Op: "lstat", Path: "/x", Err: fs.ErrNotExist}), errdefs.ErrNotFound},
-		{"unknown tag", wrap(fmt.Errorf("ck:v9: %w", orasErrdef.ErrNotFound)), errdefs.ErrNotFound},
+		{"unknown tag", wrap(fmt.Errorf("ck:v9: %w", regdef.ErrNotFound)), errdefs.ErrNotFound},
 		{"digest mismatch", wrap(fmt.Errorf("pages-1.img: %w", checkpoint.ErrDigestMismatch)), errdefs.ErrFailedPrecondition},
 		{"missing file, not os.ErrNotExist", wrap(fmt.Errorf("pages-1.img: %w", checkpoint.ErrMissingFile)), errdefs.ErrFailedPrecondition},
 		{"fingerprint", wrap(&fingerprint.MismatchError{Field: "kernel"}), errdefs.ErrFailedPrecondition},
-		{"not a checkpoint artifact", wrap(reference.ErrNotCheckpoint), errdefs.ErrFailedPrecondition},
+		{"not a checkpoint artifact", wrap(regdef.ErrNotCheckpoint), errdefs.ErrFailedPrecondition},
 		{"namespace", wrap(mark(errors.New("taken in namespace a"), ErrNamespaceRefused)), errdefs.ErrPermissionDenied},
 		{"registry not allowed", wrap(mark(errors.New("registry r"), ErrRegistryNotAllowed)), errdefs.ErrPermissionDenied},
-		{"registry credentials", wrap(reference.ErrUnauthorized), errdefs.ErrPermissionDenied},
+		{"registry credentials", wrap(regdef.ErrUnauthorized), errdefs.ErrPermissionDenied},
 		{"GPU lock timeout", wrap(fmt.Errorf("GPU lock of pid 1: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},
 		{"GPU out of memory", wrap(fmt.Errorf("GPU restore of pid 1: %w", gpu.ErrOutOfMemory)), errdefs.ErrResourceExhausted},
 		{"GPU restore timeout", wrap(fmt.Errorf("GPU restore of pid 1 did not finish within 1s: %w", gpu.ErrTimeout)), errdefs.ErrUnavailable},

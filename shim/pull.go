@@ -12,7 +12,7 @@ import (
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/shim/helper"
 )
 
@@ -30,7 +30,7 @@ const PulledDir = ".oci"
 // a partial one. Resolving and pulling are Deps.Registry's (berth-shim-helper on a real node: the
 // registry client is not part of the shim process). The caller runs the usual validation
 // (digests, fingerprint, namespace, GPUs).
-func (s *Service) pullCheckpoint(ctx context.Context, src reference.RestoreFrom) (string, error) {
+func (s *Service) pullCheckpoint(ctx context.Context, src regdef.RestoreFrom) (string, error) {
 	if !s.cfg.RegistryAllowed(src.Registry) {
 		return "", mark(fmt.Errorf("registry %s is not in allowed_registries %q of the shim config %s: add it there to restore from it",
 			src.Registry, s.cfg.AllowedRegistries, s.cfg.Path), ErrRegistryNotAllowed)

@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/berth-dev/berth/oci"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 )
 
 // Bounds on what the shim quotes back.
@@ -60,7 +60,7 @@ func checkReference(ref string) error {
 		return fmt.Errorf("annotation %s=%s: %d bytes, more than %d: %w",
 			oci.AnnotationRestoreFrom, quote(ref), len(ref), maxReference, ErrBadReference)
 	}
-	if rest, ok := strings.CutPrefix(ref, reference.RestoreFromScheme); ok {
+	if rest, ok := strings.CutPrefix(ref, regdef.RestoreFromScheme); ok {
 		if host, _, _ := strings.Cut(rest, "/"); strings.Contains(host, "@") {
 			return fmt.Errorf("annotation %s=%s: the registry reference carries credentials; put them in the Docker config.json that registry_config names, never in a reference: %w",
 				oci.AnnotationRestoreFrom, quote(ref), ErrBadReference)

@@ -20,7 +20,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/oci/signature"
 )
 
@@ -54,7 +54,7 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 	if err := checkReference(ref); err != nil {
 		return nil, err
 	}
-	src, err := reference.ParseRestoreFrom(ref)
+	src, err := s.parseRestoreFrom(ctx, ref)
 	if err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", oci.AnnotationRestoreFrom, err)
 	}
@@ -98,6 +98,20 @@ func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskReque
 		return nil, plan.named(err)
 	}
 	return plan, nil
+}
+
+// parseRestoreFrom parses the berth.dev/restore-from value ref: a path here
+// (regdef.ParseRestoreFromPath), an oci:// reference by Deps.Registry (berth-shim-helper runs
+// reference.ParseRestoreFrom, oras-go's grammar, which the shim does not link). Errors wrap
+// checkpoint.ErrInvalidRef for a value that does not parse.
+func (s *Service) parseRestoreFrom(ctx context.Context, ref string) (regdef.RestoreFrom, error) {
+	if src, ok, err := regdef.ParseRestoreFromPath(ref); err != nil || ok {
+		return src, err
+	}
+	if s.deps.Registry == nil {
+		return regdef.RestoreFrom{}, fmt.Errorf("%s: restore from a registry: this shim has no registry client", quote(ref))
+	}
+	return s.deps.Registry.ParseRestoreFrom(ctx, ref)
 }
 
 // prepareContainerdRestore is prepareRestore for a checkpoint containerd passes in r.Checkpoint.

@@ -24,6 +24,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/oci/signature"
 	"github.com/berth-dev/berth/shim/helper"
 )
@@ -52,19 +53,22 @@ type Deps struct {
 	// bindings are not part of every container's shim; nil: the helper, run without the
 	// reaper); a restore compares them with the destination spec.
 	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
-	// Registry resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
+	// Registry parses values, resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
 	// restores. RealDeps runs berth-shim-helper for each call (helper.Client), so that the
 	// registry client is not part of every container's shim process. nil: such restores fail.
 	Registry Registry
 }
 
-// Registry resolves and pulls checkpoints from registries (helper.Client, which runs
-// berth-shim-helper; the tests serve its requests in their own process). Resolve returns the digest ("sha256:<hex>") of
+// Registry parses berth.dev/restore-from=oci://... values and resolves and pulls checkpoints
+// from registries (helper.Client, which runs berth-shim-helper; the tests serve its requests in
+// their own process). ParseRestoreFrom parses the value v (reference.ParseRestoreFrom: its
+// errors match checkpoint.ErrInvalidRef). Resolve returns the digest ("sha256:<hex>") of
 // the OCI manifest ref ("host[:port]/repository:tag") names; Pull pulls the checkpoint ref names
 // into the new directory dir, every digest verified, nothing left at dir on failure. Errors
 // match (errors.Is) package registry's, archive's and checkpoint's sentinels and the registry's
-// errdef.ErrNotFound.
+// regdef.ErrNotFound.
 type Registry interface {
+	ParseRestoreFrom(ctx context.Context, v string) (regdef.RestoreFrom, error)
 	Resolve(ctx context.Context, ref string, o helper.RegistryOptions) (string, error)
 	Pull(ctx context.Context, ref, dir string, o helper.RegistryOptions) error
 }

@@ -1,6 +1,7 @@
 // Package helper is the protocol between the shim and berth-shim-helper, the binary the shim runs
-// for work whose code it does not keep loaded: resolving a tag and pulling a checkpoint from a
-// registry (oras-go, net/http's client and TLS) for a berth.dev/restore-from=oci://... restore,
+// for work whose code it does not keep loaded: parsing a berth.dev/restore-from=oci://... value
+// (oras-go's reference grammar, whose regular expressions compile at init), resolving its tag
+// and pulling its checkpoint from a registry (oras-go, net/http's client and TLS),
 // and reading the credentials of a checkpoint's processes from its CRIU images at restore
 // (go-criu's image bindings, which register every CRIU image type at init), and, on a CUDA node,
 // reading the GPU inventory through NVML (Inventory). Every container has its own long-running
@@ -41,13 +42,12 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
-	"oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 )
 
 // Name is the helper's file name. Find looks for it beside the shim's executable, then in PATH.
@@ -66,6 +66,11 @@ const (
 	// OpReadProcesses asks for the credentials of every thread in the CRIU images directory
 	// Request.Dir (images.ReadProcesses).
 	OpReadProcesses = "read-processes"
+	// OpParseRestoreFrom parses the berth.dev/restore-from value Request.Ref (with its oci://
+	// scheme, as the annotation holds it) with reference.ParseRestoreFrom, the one parser of
+	// registry references (oras-go's grammar), and answers it in Answer.RestoreFrom; its
+	// errors are ParseRestoreFrom's (they match checkpoint.ErrInvalidRef).
+	OpParseRestoreFrom = "parse-restore-from"
 )
 
 // RegistryOptions say how to reach a registry: PlainHTTP talks HTTP instead of HTTPS,
@@ -77,8 +82,9 @@ type RegistryOptions struct {
 	Limits       archive.Limits `json:"limits"`
 }
 
-// Request is what the shim writes to the helper's standard input: Op (OpResolve, OpPull or
-// OpReadProcesses), the reference ("host[:port]/repository:tag" or "...@sha256:<hex>") and the
+// Request is what the shim writes to the helper's standard input: Op (OpResolve, OpPull,
+// OpReadProcesses or OpParseRestoreFrom), the reference ("host[:port]/repository:tag" or
+// "...@sha256:<hex>"; the annotation's value, "oci://...", for OpParseRestoreFrom) and the
 // registry options for the registry ops, and Dir: the directory to create for OpPull, the CRIU
 // images directory for OpReadProcesses.
 type Request struct {
@@ -89,11 +95,13 @@ type Request struct {
 }
 
 // Answer is what the helper writes to its standard output: the digest for OpResolve, the
-// processes for OpReadProcesses, or the error the request met.
+// processes for OpReadProcesses, the parsed value for OpParseRestoreFrom, or the error the
+// request met.
 type Answer struct {
-	Digest    string              `json:"digest,omitempty"`
-	Processes []privilege.Process `json:"processes,omitempty"`
-	Error     *Error              `json:"error,omitempty"`
+	Digest      string              `json:"digest,omitempty"`
+	RestoreFrom *regdef.RestoreFrom `json:"restoreFrom,omitempty"`
+	Processes   []privilege.Process `json:"processes,omitempty"`
+	Error       *Error              `json:"error,omitempty"`
 }
 
 // Error is an error as it crosses the boundary: its message, and the names (from the kinds
@@ -110,13 +118,12 @@ var kinds = []struct {
 	name string
 	err  error
 }{
-	{"registry-unauthorized", reference.ErrUnauthorized},
-	{"registry-not-checkpoint", reference.ErrNotCheckpoint},
-	{"registry-layer-mismatch", reference.ErrLayerMismatch},
-	{"registry-no-tag", reference.ErrNoTag},
-	{"registry-credentials-in-reference", reference.ErrCredentialsInReference},
-	{"not-found", errdef.ErrNotFound},
-	{"invalid-reference", errdef.ErrInvalidReference},
+	{"registry-unauthorized", regdef.ErrUnauthorized},
+	{"registry-not-checkpoint", regdef.ErrNotCheckpoint},
+	{"registry-layer-mismatch", regdef.ErrLayerMismatch},
+	{"registry-no-tag", regdef.ErrNoTag},
+	{"registry-credentials-in-reference", regdef.ErrCredentialsInReference},
+	{"not-found", regdef.ErrNotFound},
 	{"invalid-argument", errdefs.ErrInvalidArgument},
 	{"checkpoint-invalid-ref", checkpoint.ErrInvalidRef},
 	{"checkpoint-digest-mismatch", checkpoint.ErrDigestMismatch},
@@ -237,6 +244,22 @@ func (c Client) Pull(ctx context.Context, ref, dir string, o RegistryOptions) er
 	return err
 }
 
+// ParseRestoreFrom parses the berth.dev/restore-from value v (reference.ParseRestoreFrom in the
+// helper, so that oras-go's reference grammar is not part of the shim). Errors:
+// ParseRestoreFrom's, decoded (they match checkpoint.ErrInvalidRef, and
+// regdef.ErrCredentialsInReference for a reference with credentials), or why the helper gave no
+// answer.
+func (c Client) ParseRestoreFrom(ctx context.Context, v string) (regdef.RestoreFrom, error) {
+	a, err := c.call(ctx, Request{Op: OpParseRestoreFrom, Ref: v})
+	if err != nil {
+		return regdef.RestoreFrom{}, err
+	}
+	if a.RestoreFrom == nil {
+		return regdef.RestoreFrom{}, fmt.Errorf("%s parsed %s to nothing", Name, v)
+	}
+	return *a.RestoreFrom, nil
+}
+
 // ReadProcesses returns the credentials of every thread in the CRIU images directory dir
 // (images.ReadProcesses in the helper), in pstree order. Errors: images.ReadProcesses's, decoded
 // (a missing file matches fs.ErrNotExist), or why the helper gave no answer.
@@ -299,11 +322,13 @@ func (c Client) call(ctx context.Context, req Request) (*Answer, error) {
 
 // Handlers do the work of Serve: Resolve returns the digest of the OCI manifest a reference
 // names, Pull pulls a checkpoint into a new directory (registry.Resolve and registry.Pull),
-// ReadProcesses reads the credentials in a CRIU images directory (images.ReadProcesses).
+// ReadProcesses reads the credentials in a CRIU images directory (images.ReadProcesses),
+// ParseRestoreFrom parses a berth.dev/restore-from value (reference.ParseRestoreFrom).
 type Handlers struct {
-	Resolve       func(ctx context.Context, ref string, o RegistryOptions) (string, error)
-	Pull          func(ctx context.Context, ref, dir string, o RegistryOptions) error
-	ReadProcesses func(ctx context.Context, dir string) ([]privilege.Process, error)
+	ParseRestoreFrom func(v string) (regdef.RestoreFrom, error)
+	Resolve          func(ctx context.Context, ref string, o RegistryOptions) (string, error)
+	Pull             func(ctx context.Context, ref, dir string, o RegistryOptions) error
+	ReadProcesses    func(ctx context.Context, dir string) ([]privilege.Process, error)
 }
 
 // Serve reads one Request from in, runs it with h, and writes its Answer to out. It returns the
@@ -326,6 +351,11 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, h Handlers) int {
 		} else {
 			err = h.Pull(ctx, req.Ref, req.Dir, req.Registry)
 		}
+	case OpParseRestoreFrom:
+		var r regdef.RestoreFrom
+		if r, err = h.ParseRestoreFrom(req.Ref); err == nil {
+			a.RestoreFrom = &r
+		}
 	case OpReadProcesses:
 		if req.Dir == "" {
 			err = fmt.Errorf("read processes: no images directory: %w", errdefs.ErrInvalidArgument)
@@ -333,7 +363,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, h Handlers) int {
 			a.Processes, err = h.ReadProcesses(ctx, req.Dir)
 		}
 	default:
-		err = fmt.Errorf("unknown op %q (want %s, %s or %s): %w", req.Op, OpResolve, OpPull, OpReadProcesses, errdefs.ErrInvalidArgument)
+		err = fmt.Errorf("unknown op %q (want %s, %s, %s or %s): %w", req.Op, OpResolve, OpPull, OpReadProcesses, OpParseRestoreFrom, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		a = Answer{Error: EncodeError(err)}

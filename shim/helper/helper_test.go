@@ -15,12 +15,11 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/privilege"
-	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 )
 
 // With BERTH_HELPER_TEST set, the test binary is the helper: it serves one request with
@@ -50,7 +49,7 @@ func serveForTest() int {
 var testHandlers = Handlers{
 	Resolve: func(ctx context.Context, ref string, o RegistryOptions) (string, error) {
 		if strings.HasPrefix(ref, "unauthorized/") {
-			return "", fmt.Errorf("resolve %s: %w: %w", ref, reference.ErrUnauthorized, errors.New("401"))
+			return "", fmt.Errorf("resolve %s: %w: %w", ref, regdef.ErrUnauthorized, errors.New("401"))
 		}
 		return "sha256:" + strings.Repeat("ab", 32), nil
 	},
@@ -97,8 +96,8 @@ func TestErrorKindsRoundTrip(t *testing.T) {
 		err  error
 		want []error
 	}{
-		{fmt.Errorf("pull r: %w: %w", reference.ErrUnauthorized, errors.New("401")), []error{reference.ErrUnauthorized}},
-		{fmt.Errorf("pull r: %w", errdef.ErrNotFound), []error{errdef.ErrNotFound}},
+		{fmt.Errorf("pull r: %w: %w", regdef.ErrUnauthorized, errors.New("401")), []error{regdef.ErrUnauthorized}},
+		{fmt.Errorf("pull r: %w", regdef.ErrNotFound), []error{regdef.ErrNotFound}},
 		{fmt.Errorf("pull r: %w: %w", checkpoint.ErrDigestMismatch, errors.New("blob")), []error{checkpoint.ErrDigestMismatch}},
 		{fmt.Errorf("pull r: %w", archive.ErrTotalTooLarge), []error{archive.ErrTotalTooLarge}},
 		{fmt.Errorf("pull r: %w", context.Canceled), []error{context.Canceled}},
@@ -123,7 +122,7 @@ func TestErrorKindsRoundTrip(t *testing.T) {
 				t.Errorf("%v came back as %v, not matching %v", tc.err, err, w)
 			}
 		}
-		if errors.Is(err, errdefs.ErrInternal) || errors.Is(err, reference.ErrNoTag) {
+		if errors.Is(err, errdefs.ErrInternal) || errors.Is(err, regdef.ErrNoTag) {
 			t.Errorf("%v matches a sentinel it did not carry", err)
 		}
 	}
@@ -158,7 +157,7 @@ func TestClientRunsHelper(t *testing.T) {
 	if d, err := c.Resolve(ctx, "ok/ck:v1", RegistryOptions{}); err != nil || d != "sha256:"+strings.Repeat("ab", 32) {
 		t.Fatalf("resolve: %q %v", d, err)
 	}
-	if _, err := c.Resolve(ctx, "unauthorized/ck:v1", RegistryOptions{}); !errors.Is(err, reference.ErrUnauthorized) || !strings.Contains(err.Error(), "401") {
+	if _, err := c.Resolve(ctx, "unauthorized/ck:v1", RegistryOptions{}); !errors.Is(err, regdef.ErrUnauthorized) || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("unauthorized: %v", err)
 	}
 	dir := filepath.Join(t.TempDir(), "ck")

@@ -9,30 +9,38 @@ package serve
 
 import (
 	"context"
+	"errors"
+
+	"oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/criu/images"
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/oci/privilege"
 	"github.com/berth-dev/berth/oci/registry"
+	"github.com/berth-dev/berth/oci/registry/reference"
+	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/shim/helper"
 )
 
 // Handlers returns the helper's handlers: Resolve is registry.Resolve (the manifest's digest,
 // "sha256:<hex>"), Pull is registry.Pull, both with the request's registry options (plain HTTP,
-// Docker config, limits); ReadProcesses is images.ReadProcesses. Their errors are those
-// packages'.
+// Docker config, limits); ReadProcesses is images.ReadProcesses; ParseRestoreFrom is
+// reference.ParseRestoreFrom. Their errors are those packages', and those that match oras-go's
+// errdef.ErrNotFound also match regdef.ErrNotFound (the shim names that one: it links no
+// oras-go).
 func Handlers() helper.Handlers {
 	return helper.Handlers{
+		ParseRestoreFrom: reference.ParseRestoreFrom,
 		Resolve: func(ctx context.Context, ref string, o helper.RegistryOptions) (string, error) {
 			desc, err := registry.Resolve(ctx, ref, options(o))
 			if err != nil {
-				return "", err
+				return "", markNotFound(err)
 			}
 			return desc.Digest.String(), nil
 		},
 		Pull: func(ctx context.Context, ref, dir string, o helper.RegistryOptions) error {
-			return registry.Pull(ctx, ref, dir, options(o))
+			return markNotFound(registry.Pull(ctx, ref, dir, options(o)))
 		},
 		ReadProcesses: func(_ context.Context, dir string) ([]privilege.Process, error) {
 			return images.ReadProcesses(dir)
@@ -48,3 +56,20 @@ func OpenInventory() (gpu.Inventory, error) { return nvml.OpenInventory() }
 func options(o helper.RegistryOptions) registry.Options {
 	return registry.Options{PlainHTTP: o.PlainHTTP, DockerConfig: o.DockerConfig, Limits: o.Limits}
 }
+
+// markNotFound returns err, also matching regdef.ErrNotFound when it matches oras-go's
+// errdef.ErrNotFound; its message is err's. nil for nil.
+func markNotFound(err error) error {
+	if err == nil || !errors.Is(err, errdef.ErrNotFound) {
+		return err
+	}
+	return notFound{err}
+}
+
+// notFound is an error of the registry's that names something it does not have.
+type notFound struct{ error }
+
+func (e notFound) Unwrap() error { return e.error }
+
+// Is reports whether target is regdef.ErrNotFound (the rest is Unwrap's).
+func (e notFound) Is(target error) bool { return target == regdef.ErrNotFound }
