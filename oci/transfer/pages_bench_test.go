@@ -26,20 +26,7 @@ func BenchmarkPageRelay(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("the relay accepts only root's CRIU")
 	}
-	mib := 256
-	if s := os.Getenv("BERTH_BENCH_RELAY_MIB"); s != "" {
-		if _, err := fmt.Sscan(s, &mib); err != nil {
-			b.Fatalf("BERTH_BENCH_RELAY_MIB=%q: %v", s, err)
-		}
-	}
-	data := make([]byte, 4<<20)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	sink := filepath.Join(b.TempDir(), "criu")
-	if err := os.WriteFile(sink, []byte("#!/bin/sh\ncat <&3 >/dev/null && printf ok >&3\n"), 0o700); err != nil {
-		b.Fatal(err)
-	}
+	mib, data, sink := benchStreamSetup(b)
 	raw := rawLoopback(b, data, mib)
 	ca := newTestCA(b, "bench-ca")
 	srv, cli := ca.node(b, "receiver"), ca.node(b, "sender")
@@ -124,20 +111,7 @@ func rawLoopback(b *testing.B, data []byte, mib int) time.Duration {
 // Metrics: MB/s and cpu-s/GiB (this process's CPU time: the test's framing writer, the bridge and
 // the receiver).
 func BenchmarkPageBridge(b *testing.B) {
-	mib := 256
-	if s := os.Getenv("BERTH_BENCH_RELAY_MIB"); s != "" {
-		if _, err := fmt.Sscan(s, &mib); err != nil {
-			b.Fatalf("BERTH_BENCH_RELAY_MIB=%q: %v", s, err)
-		}
-	}
-	data := make([]byte, 4<<20)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	sink := filepath.Join(b.TempDir(), "criu")
-	if err := os.WriteFile(sink, []byte("#!/bin/sh\ncat <&3 >/dev/null && printf ok >&3\n"), 0o700); err != nil {
-		b.Fatal(err)
-	}
+	mib, data, sink := benchStreamSetup(b)
 	ca := newTestCA(b, "bench-ca")
 	addr, _ := serve(b, &Receiver{Root: b.TempDir(), NoSync: true, CRIU: sink}, serverTLS(b, ca.node(b, "receiver")))
 	cli := clientTLS(b, ca.node(b, "sender"))
@@ -194,4 +168,26 @@ func unixPair(b *testing.B) (net.Conn, net.Conn) {
 		b.Fatal(err)
 	}
 	return c, s
+}
+
+// benchStreamSetup returns what the page-stream benchmarks share: the stream's size in MiB
+// (BERTH_BENCH_RELAY_MIB, default 256), 4 MiB of patterned bytes to send repeatedly, and the path
+// of a stand-in for criu whose page server reads the stream from fd 3, discards it and answers ok.
+func benchStreamSetup(b *testing.B) (mib int, data []byte, sink string) {
+	b.Helper()
+	mib = 256
+	if s := os.Getenv("BERTH_BENCH_RELAY_MIB"); s != "" {
+		if _, err := fmt.Sscan(s, &mib); err != nil {
+			b.Fatalf("BERTH_BENCH_RELAY_MIB=%q: %v", s, err)
+		}
+	}
+	data = make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	sink = filepath.Join(b.TempDir(), "criu")
+	if err := os.WriteFile(sink, []byte("#!/bin/sh\ncat <&3 >/dev/null && printf ok >&3\n"), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	return mib, data, sink
 }
