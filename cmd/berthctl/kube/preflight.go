@@ -160,7 +160,7 @@ func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p
 		if id == "" {
 			return nil, fmt.Errorf("%w: %s/%s: container %s has no containerID in the pod's status", ErrNotMovable, p.Namespace, p.Name, container)
 		}
-		if f.held, err = probe.Source(ctx, p.Spec.NodeName, id); err != nil {
+		if f.held, err = probe.Source(ctx, p.Spec.NodeName, id, string(p.UID)); err != nil {
 			return nil, err
 		}
 	}

@@ -100,8 +100,8 @@ func (h *hostProbe) inv(node string) gpu.Inventory {
 	return nil
 }
 
-func (h *hostProbe) Source(_ context.Context, node, id string) (move.Need, error) {
-	return move.HeldOnHost(h.hosts[node], id, h.inv(node))
+func (h *hostProbe) Source(_ context.Context, node, id, podUID string) (move.Need, error) {
+	return move.HeldOnHost(h.hosts[node], id, move.Anchor{PodUID: podUID}, h.inv(node))
 }
 
 func (h *hostProbe) Check(ctx context.Context, node string, need move.Need) ([]move.Refusal, error) {
@@ -134,7 +134,7 @@ func newHostProbe(t *testing.T, gib int64) *hostProbe {
 		}
 		h.gpus[n] = g
 	}
-	if err := os.WriteFile(filepath.Join(h.hosts["kube1"], "proc", pid, "cgroup"), []byte("0::/kubepods/pod-uid/"+pfContainerID+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(h.hosts["kube1"], "proc", pid, "cgroup"), []byte("0::/kubepods/podpod-uid/"+pfContainerID+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(h.hosts["kube1"], "data", "models"), 0o755); err != nil {
