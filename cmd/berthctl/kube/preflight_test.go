@@ -485,3 +485,16 @@ func TestMoveRefusedByPreflight(t *testing.T) {
 		t.Errorf("pods after the refusal: %v", pods.Items)
 	}
 }
+
+// TestCgroupPodUID: the probe finds a container below the cgroup the kubelet names after the
+// pod's UID: the API server's for a pod, the static pod's config hash for a mirror pod.
+func TestCgroupPodUID(t *testing.T) {
+	p := pfPod()
+	if got := cgroupPodUID(p); got != string(p.UID) || got == "" {
+		t.Errorf("pod: %q; want its UID %q", got, p.UID)
+	}
+	p.Annotations = map[string]string{"kubernetes.io/config.mirror": "6f1c", "kubernetes.io/config.hash": "6f1c"}
+	if got := cgroupPodUID(p); got != "6f1c" {
+		t.Errorf("mirror pod: %q; want the config hash", got)
+	}
+}
