@@ -221,7 +221,17 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 // task its standard streams (restoreStdio). It returns the task's record, or nil for a task
 // created fresh; on error nothing it made is left.
 func (s *Service) prepareCreate(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *restoredTask, retErr error) {
-	spec, err := readSpec(r.Bundle)
+	raw, ann, err := readSpecAnnotations(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	if !restoreAsked(ann, r) {
+		// a fresh task (nearly every one): only the CRIU configuration annotation is added, and
+		// config.json is not decoded whole (a first decode of the whole spec type costs a new shim
+		// about 1 ms on the start path)
+		return nil, s.setCRIUConfigRaw(r.Bundle, raw, ann)
+	}
+	spec, err := parseSpec(r.Bundle, raw)
 	if err != nil {
 		return nil, err
 	}
@@ -358,10 +368,15 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	return resp, nil
 }
 
-// releaseMemory returns the heap that starting a task left unused to the kernel, once the
-// Start call has answered: a shim then idles for its container's life, and Go's scavenger would
-// keep up to the next GC goal resident. It runs in the background (a GC of a few MiB).
-func (s *Service) releaseMemory() { go debug.FreeOSMemory() }
+// releaseMemory returns the heap that starting a task left unused to the kernel, releaseDelay
+// after the Start call has answered: a shim then idles for its container's life, and Go's
+// scavenger would keep up to the next GC goal resident. It runs in the background (a GC of a few
+// MiB), late enough not to take a CPU from the start's answer on its way to containerd and the
+// client, which a GC started at once did on two vCPUs.
+func (s *Service) releaseMemory() { time.AfterFunc(releaseDelay, debug.FreeOSMemory) }
+
+// releaseDelay is how long after a task's Start the shim returns its unused heap to the kernel.
+const releaseDelay = 250 * time.Millisecond
 
 // takeForStart moves id's record from created to started and returns what Start needs from it (a
 // copy, with the plan Start now owns); nil when id has no record waiting for Start.
@@ -531,22 +546,84 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 // org.criu.config annotation, unless the spec already names another file. It reports whether
 // spec changed (the caller writes config.json).
 func (s *Service) setCRIUConfig(bundle string, spec *specs.Spec) (bool, error) {
-	path := filepath.Join(bundle, criuConfigName)
-	if cur, ok := spec.Annotations[oci.AnnotationCRIUConfig]; ok && filepath.Base(cur) != criuConfigName {
-		return false, nil // the user chose their own CRIU configuration
-	}
-	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		return false, fmt.Errorf("write CRIU config: %w", err)
+	path, set, err := s.writeCRIUConfig(bundle, spec.Annotations)
+	if err != nil || !set {
+		return false, err
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
-	if spec.Annotations[oci.AnnotationCRIUConfig] == path {
-		return false, nil
-	}
 	spec.Annotations[oci.AnnotationCRIUConfig] = path
 	return true, nil
+}
+
+// writeCRIUConfig writes the bundle's CRIU configuration file (cfg.CRIUOptions, one per line)
+// unless the annotations ann of its spec name another file. It returns the file's path and
+// whether the spec's org.criu.config annotation must be set to it (it names no file yet).
+func (s *Service) writeCRIUConfig(bundle string, ann map[string]string) (path string, set bool, err error) {
+	path = filepath.Join(bundle, criuConfigName)
+	cur, ok := ann[oci.AnnotationCRIUConfig]
+	if ok && filepath.Base(cur) != criuConfigName {
+		return "", false, nil // the user chose their own CRIU configuration
+	}
+	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		return "", false, fmt.Errorf("write CRIU config: %w", err)
+	}
+	return path, cur != path, nil
+}
+
+// setCRIUConfigRaw is setCRIUConfig for a task created fresh, on the bundle's config.json as
+// read (raw) and its annotations (ann): when the annotation must be set, only the spec's
+// top-level "annotations" member is replaced and config.json rewritten; every other member is
+// written back as it was read, fields the runtime-spec module does not know included.
+func (s *Service) setCRIUConfigRaw(bundle string, raw []byte, ann map[string]string) error {
+	path, set, err := s.writeCRIUConfig(bundle, ann)
+	if err != nil || !set {
+		return err
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), mark(err, ErrInvalidSpec))
+	}
+	withConfig := make(map[string]string, len(ann)+1)
+	for k, v := range ann {
+		withConfig[k] = v
+	}
+	withConfig[oci.AnnotationCRIUConfig] = path
+	b, err := json.Marshal(withConfig)
+	if err != nil {
+		return err
+	}
+	top["annotations"] = b
+	if b, err = json.Marshal(top); err != nil {
+		return err
+	}
+	return writeSpecBytes(bundle, b)
+}
+
+// restoreAsked reports whether Create restores the task from a checkpoint, as prepareRestore
+// decides it: containerd passes a checkpoint, or the spec's restore-from annotation names one
+// (ignored on a pod's sandbox container).
+func restoreAsked(ann map[string]string, r *taskAPI.CreateTaskRequest) bool {
+	return r.Checkpoint != "" || (ann[oci.AnnotationRestoreFrom] != "" && ann[oci.AnnotationCRIContainerType] != "sandbox")
+}
+
+// readSpecAnnotations reads the bundle's config.json and decodes its annotations only. It
+// returns the file's bytes and the annotations (nil when it has none); an error wraps
+// ErrInvalidSpec when config.json is not a JSON object or its annotations not strings.
+func readSpecAnnotations(bundle string) ([]byte, map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read bundle spec: %w", err)
+	}
+	var head struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, nil, fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), mark(err, ErrInvalidSpec))
+	}
+	return b, head.Annotations, nil
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {
@@ -554,6 +631,11 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read bundle spec: %w", err)
 	}
+	return parseSpec(bundle, b)
+}
+
+// parseSpec decodes b, the bundle's config.json, whole.
+func parseSpec(bundle string, b []byte) (*specs.Spec, error) {
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return nil, fmt.Errorf("parse bundle spec %s: %w", filepath.Join(bundle, "config.json"), mark(err, ErrInvalidSpec))
@@ -566,6 +648,11 @@ func writeSpec(bundle string, spec *specs.Spec) error {
 	if err != nil {
 		return err
 	}
+	return writeSpecBytes(bundle, b)
+}
+
+// writeSpecBytes replaces the bundle's config.json with b (written beside it, then renamed).
+func writeSpecBytes(bundle string, b []byte) error {
 	p := filepath.Join(bundle, "config.json")
 	tmp := p + ".berth"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
