@@ -133,7 +133,7 @@ func TestClaimPageStreamOnce(t *testing.T) {
 	}
 }
 
-// armTestRequest writes a request, digested with alg ("" for an agent that names none), armed for container c1's next checkpoint toward socket in dir,
+// armTestRequest writes a request, digested with alg ("" for an agent that names none), armed for one checkpoint call of container c1 toward socket in dir,
 // and returns the context of the checkpoint call it was armed for (its deadline).
 func armTestRequest(t *testing.T, dir, socket, alg string) context.Context {
 	t.Helper()

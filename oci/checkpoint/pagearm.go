@@ -32,9 +32,10 @@ const PageStreamRequestSuffix = ".json"
 
 // PageStreamRequest is an armed page stream, as JSON in DefaultPageStreamDir.
 type PageStreamRequest struct {
-	// Container is the containerd id of the container whose next checkpoint streams its pages
-	// (the file's name without PageStreamRequestSuffix, repeated so a renamed file cannot
-	// redirect another container's memory).
+	// Container is the containerd id of the container whose checkpoint call (the one this
+	// request is bound to: Armed, CheckpointTimeout) streams its pages (the file's name without
+	// PageStreamRequestSuffix, repeated so a renamed file cannot redirect another container's
+	// memory).
 	Container string `json:"container"`
 	// Name is the checkpoint's name at the destination (transfer.ValidName), for the logs.
 	Name string `json:"name"`

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +67,7 @@ type LazyRelay struct {
 	done  chan struct{}
 	err   error
 	once  sync.Once
+	sent  atomic.Int64 // Bytes
 }
 
 // StartLazyRelay announces checkpoint name's lazy page stream on conn (a receiver's
@@ -177,6 +179,7 @@ func (p *LazyRelay) relay(c net.Conn) error {
 		back <- err
 	}()
 	n, werr := writeFrames(p.conn, c, nopHash{})
+	p.sent.Store(n)
 	if werr != nil {
 		return fmt.Errorf("%w: lazy pages of %s cut after %d bytes: %w", ErrPageStream, p.name, n, werr)
 	}
@@ -202,6 +205,11 @@ func (p *LazyRelay) Wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Bytes is what CRIU's lazy page server sent through the relay to the destination's daemon, in
+// bytes: the pages and CRIU's page-server headers (the framing not counted). It is known once
+// CRIU ended its side of the stream (a Wait that returned nil); 0 before.
+func (p *LazyRelay) Bytes() int64 { return p.sent.Load() }
 
 // Close ends the stream (a failed move): the receiver stops its daemon.
 func (p *LazyRelay) Close() { p.fail(fmt.Errorf("%w: lazy page relay closed", ErrPageStream)) }

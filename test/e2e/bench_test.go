@@ -861,7 +861,7 @@ func benchMigrate(ctx context.Context, b *testing.B, c *node.Cluster, src, dst *
 	}
 	var res struct {
 		Container, ID, To, Checkpoint string
-		Bytes                         int64
+		Bytes, PageBytes              int64
 		Phases                        []checkpoint.Phase
 		TotalMs                       float64
 	}
@@ -874,6 +874,6 @@ func benchMigrate(ctx context.Context, b *testing.B, c *node.Cluster, src, dst *
 		phases = append(phases, phase{p.Name, msDur(p.Ms)})
 	}
 	phases = append(phases, phase{"total", msDur(res.TotalMs)})
-	summary := fmt.Sprintf("migrated %s -> %s as %s (%d MiB sent, checkpoint %s)", res.Container, res.To, res.ID, res.Bytes>>20, res.Checkpoint)
+	summary := fmt.Sprintf("migrated %s -> %s as %s (%d MiB checkpoint + %d MiB pages streamed sent, checkpoint %s)", res.Container, res.To, res.ID, res.Bytes>>20, res.PageBytes>>20, res.Checkpoint)
 	return wall, summary, phases, shimLogMs(dst.Log, `msg="restored with CRIU"`, destID, "restore_ms")
 }

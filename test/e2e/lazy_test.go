@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,12 @@ func TestMigrateInferenceLazyMode(t *testing.T) {
 	assertMovedInference(t, rep)
 	if !strings.Contains(rep.MigrateOutput, "all pages arrived") {
 		t.Errorf("migrate reported no time for all pages to arrive:\n%s", rep.MigrateOutput)
+	}
+	// the summary counts the pages that came after the resume: the 64 MiB of weights at least
+	if m := regexp.MustCompile(`\+ ([0-9.]+) MiB pages after the resume = `).FindStringSubmatch(rep.MigrateOutput); m == nil {
+		t.Errorf("migrate's summary does not count the lazy pages:\n%s", rep.MigrateOutput)
+	} else if mib, _ := strconv.ParseFloat(m[1], 64); mib < 64 {
+		t.Errorf("migrate's summary counts %s MiB of lazy pages; want the 64 MiB of weights at least:\n%s", m[1], rep.MigrateOutput)
 	}
 	for _, e := range fltList(t, dst.CheckpointRoot) {
 		if !before.root[e] {

@@ -55,6 +55,12 @@ func TestMigrateInferenceCopyMode(t *testing.T) {
 	} else if m.PageStream == nil || !strings.HasPrefix(m.PageStream.Digest, checkpoint.PageDigestBLAKE3+":") {
 		// the digest the source signed and the destination matched is BLAKE3's, named
 		t.Errorf("the signed manifest's pageStream = %+v, want a %s digest", m.PageStream, checkpoint.PageDigestBLAKE3)
+	} else {
+		// the summary counts the page stream (the weights at least), as the manifest sized it
+		want := fmt.Sprintf("+ %.1f MiB pages streamed = ", float64(m.PageStream.Size)/(1<<20))
+		if m.PageStream.Size < 64<<20 || !strings.Contains(rep.MigrateOutput, want) {
+			t.Errorf("pageStream of %d bytes; migrate's summary should count it (%q):\n%s", m.PageStream.Size, want, rep.MigrateOutput)
+		}
 	}
 	if len(srcPages) > 0 {
 		t.Errorf("page images written on the source in copy mode: %v", srcPages)

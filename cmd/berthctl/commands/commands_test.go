@@ -68,6 +68,43 @@ func TestMigrateResult(t *testing.T) {
 	}
 }
 
+// TestMigrateResultPageBytes: in copy and lazy mode the memory pages travel on the page stream,
+// not in the checkpoint's stream: the text and the JSON count both, and say which is which.
+func TestMigrateResultPageBytes(t *testing.T) {
+	for _, tc := range []struct {
+		mode, want string
+	}{
+		{modeCopy, "(405.0 KiB checkpoint + 256.0 MiB pages streamed = 256.4 MiB sent, checkpoint c, unsigned)"},
+		{modeLazy, "(405.0 KiB checkpoint + 256.0 MiB pages after the resume = 256.4 MiB sent, checkpoint c, unsigned)"},
+		{modeStored, "(405.0 KiB sent, checkpoint c, unsigned)"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			res := &move.MigrateResult{Bytes: 405 << 10, Manifest: &checkpoint.Manifest{}}
+			if tc.mode != modeStored {
+				res.PageBytes = 256 << 20
+			}
+			r := newMigrateResult(res)
+			r.Container, r.ID, r.Checkpoint, r.To, r.Mode = "x", "x", "c", "/dst.sock", tc.mode
+			var buf bytes.Buffer
+			r.writeText(&buf)
+			if !strings.Contains(buf.String(), "migrated x -> /dst.sock as x "+tc.want) {
+				t.Errorf("text lacks %q:\n%s", tc.want, buf.String())
+			}
+			buf.Reset()
+			if err := writeJSON(&buf, r); err != nil {
+				t.Fatal(err)
+			}
+			var got struct{ Bytes, PageBytes int64 }
+			if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Bytes != 405<<10 || got.PageBytes != res.PageBytes {
+				t.Errorf("JSON bytes %d, pageBytes %d; want %d, %d:\n%s", got.Bytes, got.PageBytes, 405<<10, res.PageBytes, buf.String())
+			}
+		})
+	}
+}
+
 // TestFingerprintOutput: JSON by default (as before -o existed), a table with -o text.
 func TestFingerprintOutput(t *testing.T) {
 	root := fakeGPURoot(t)

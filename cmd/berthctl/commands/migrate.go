@@ -85,8 +85,10 @@ covered: the daemon itself killed or crashing (the task can read zeros for the m
 until the guard killed it), the guard itself killed (contrib/TRUST.md).
 
 It prints every phase's wall time: the checkpoint's own (checkpoint/..., the shim's as
-checkpoint/shim/...) and the move's (checkpoint, transfer, restore, stop-source or
-resume-source). -o json prints them with the bytes sent and CRIU's dump statistics.
+checkpoint/shim/...) and the move's (checkpoint, transfer, restore, pages in lazy mode,
+stop-source or resume-source), and what was sent: the checkpoint's own stream and, in copy and
+lazy mode, the memory pages' stream beside it (-o json: bytes and pageBytes). -o json prints
+them with CRIU's dump statistics.
 
 Before anything is paused, the destination is checked (the same preflight as 'berthctl checkpoint
 check'): the image with the source's digest, namespaces joined by path, the memory limit against
@@ -336,8 +338,14 @@ type migrateResult struct {
 	// of the key that signed it ("" when unsigned, under allow_unsigned).
 	Checkpoint string `json:"checkpoint"`
 	SignedBy   string `json:"signedBy,omitempty"`
-	// Bytes is what was sent to the destination, in bytes.
+	// Bytes is the checkpoint directory's stream sent to the receiver, in bytes: in copy and
+	// lazy mode without the memory pages, which PageBytes counts.
 	Bytes int64 `json:"bytes"`
+	// PageBytes (copy and lazy mode) is what the page stream carried to the destination, in
+	// bytes: copy mode, the pages CRIU streamed while it dumped (the signed manifest's
+	// pageStream size); lazy mode, what CRIU's lazy page server sent after the destination
+	// resumed. Bytes + PageBytes is all that was sent.
+	PageBytes int64 `json:"pageBytes,omitempty"`
 	// Phases are every measured step, in order: the checkpoint's own as checkpoint/NAME (the
 	// shim's as checkpoint/shim/NAME, its GPU steps included), then the move's (checkpoint,
 	// transfer, restore, stop-source or resume-source).
@@ -362,7 +370,7 @@ type migrateResult struct {
 
 // newMigrateResult gathers the phases and statistics of res; the caller names the rest.
 func newMigrateResult(res *move.MigrateResult) migrateResult {
-	r := migrateResult{Bytes: res.Bytes, Phases: []checkpoint.Phase{}}
+	r := migrateResult{Bytes: res.Bytes, PageBytes: res.PageBytes, Phases: []checkpoint.Phase{}}
 	if m := res.Manifest; m != nil {
 		for _, p := range m.Phases {
 			r.Phases = append(r.Phases, checkpoint.Phase{Name: "checkpoint/" + p.Name, Ms: p.Ms})
@@ -389,7 +397,15 @@ func (r migrateResult) writeText(w io.Writer) {
 	if r.SignedBy != "" {
 		signed = "signed by " + r.SignedBy
 	}
-	fmt.Fprintf(w, "migrated %s -> %s as %s (%s sent, checkpoint %s, %s)\n", r.Container, r.To, r.ID, humanBytes(r.Bytes), r.Checkpoint, signed)
+	sent := humanBytes(r.Bytes)
+	if r.PageBytes > 0 {
+		pages := "pages streamed"
+		if r.Mode == modeLazy {
+			pages = "pages after the resume"
+		}
+		sent = fmt.Sprintf("%s checkpoint + %s %s = %s", sent, humanBytes(r.PageBytes), pages, humanBytes(r.Bytes+r.PageBytes))
+	}
+	fmt.Fprintf(w, "migrated %s -> %s as %s (%s sent, checkpoint %s, %s)\n", r.Container, r.To, r.ID, sent, r.Checkpoint, signed)
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, "  %-32s %9.1f ms\n", p.Name, p.Ms)
 	}

@@ -50,7 +50,7 @@ func SendPages() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "send-pages --container ID (--name NAME [--expire D] HOST:PORT < SECONDS | --disarm [--name NAME]) [--dir DIR]",
-		Short: "Arm copy mode for a container's next checkpoint: its memory pages go to a 'berthctl receive'",
+		Short: "Arm copy mode for one checkpoint call of a container: its memory pages go to a 'berthctl receive'",
 		Long: `send-pages arms a copy-mode page stream for one checkpoint call of container ID (its containerd
 id): the next one made with the timeout SECONDS, read from the first line of standard input (the
 kubelet checkpoint API's ?timeout=SECONDS, or 'crictl --timeout=SECONDSs checkpoint'), whose

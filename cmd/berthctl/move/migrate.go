@@ -59,8 +59,15 @@ type MigrateResult struct {
 	Manifest *checkpoint.Manifest
 	// SignedBy is the id of the key that signed the checkpoint ("" when unsigned).
 	SignedBy string
-	// Bytes is what was sent to the destination, in bytes.
+	// Bytes is the checkpoint directory's stream sent to the destination's receiver
+	// (oci/transfer), in bytes. In copy and lazy mode it holds no memory pages (or, lazy, only
+	// the few CRIU cannot send lazily): PageBytes counts those.
 	Bytes int64
+	// PageBytes is what the page stream carried, in bytes: in copy mode the stream CRIU sent
+	// straight to the destination's page server while it dumped (the signed manifest's
+	// pageStream size), in lazy mode what CRIU's lazy page server sent after the destination
+	// resumed (LazyRelay.Bytes, its page-server headers included); 0 in stored mode.
+	PageBytes int64
 	// Phases are the wall times of checkpoint, transfer, restore, (lazy mode) pages, and
 	// stop-source or resume-source, in order. In lazy mode the destination serves from the end
 	// of restore; pages is the time from then until every page had arrived, while the source
@@ -123,6 +130,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		return nil, err
 	}
 	res.Manifest, res.SignedBy = src.Manifest, src.SignedBy
+	if m := src.Manifest; m != nil && m.PageStream != nil {
+		res.PageBytes = m.PageStream.Size
+	}
 	phase("checkpoint")
 	defer func() {
 		if retErr != nil {
@@ -172,6 +182,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 			}
 			return nil, fmt.Errorf("%w: %w; the destination task %s, which ran meanwhile, was killed and removed, and the source resumes where it was frozen", ErrLazyRolledBack, err, o.TargetID)
 		}
+		res.PageBytes = lazy.Bytes()
 		phase("pages")
 	}
 	if o.LeaveRunning {

@@ -23,11 +23,14 @@ type PageRelay interface {
 // checkpoint runs (the restore may begin); Wait returns nil once the daemon has every page, or
 // the stream's failure; Close abandons it (CRIU then lets the frozen task go, the destination's
 // daemon stops). ID is the stream's ID, which the signed manifest records
-// (checkpoint.Manifest.LazyStream) and the destination requires of the stream.
+// (checkpoint.Manifest.LazyStream) and the destination requires of the stream. Bytes is what
+// CRIU's lazy page server sent through the relay, in bytes (the pages and CRIU's page-server
+// headers), once Wait returned nil; 0 before.
 type LazyRelay interface {
 	Addr() string
 	ID() string
 	Start(ctx context.Context) error
 	Wait(ctx context.Context) error
+	Bytes() int64
 	Close()
 }
