@@ -335,7 +335,7 @@ func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 		case <-time.After(2 * time.Second):
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = fmt.Errorf("no answer within %v: helper (pid %d) killed: %w", deadline, p.cmd.Process.Pid, err)
+			err = fmt.Errorf("no answer within %v: helper (pid %d) killed: %w (%w)", deadline, p.cmd.Process.Pid, gpu.ErrTimeout, err)
 			attempt = 2 // a hung GPU hangs the next helper too: fail now, the next call starts one
 		}
 		if attempt < 2 {

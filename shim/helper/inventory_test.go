@@ -243,6 +243,9 @@ func TestInventoryHelperHangs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), InventoryCommand+" "+InvProcessMemory) || !strings.Contains(err.Error(), "300ms") {
 			t.Fatalf("call %d: ProcessMemory of a hung helper: %v; want an error naming %s and the deadline", n, err, InvProcessMemory)
 		}
+		if !errors.Is(err, gpu.ErrTimeout) { // the shim's errdefs table makes it Unavailable
+			t.Fatalf("call %d: ProcessMemory of a hung helper: %v; want gpu.ErrTimeout", n, err)
+		}
 		if len(cmds) != n {
 			t.Fatalf("call %d: %d helpers started; want one per call", n, len(cmds))
 		}
