@@ -186,8 +186,12 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 	return s.TTRPCTaskService.Kill(ctx, r)
 }
 
-// Resume thaws the task, after its lazy dump, if any, ended (lazy.go).
+// Resume thaws the task, after a checkpoint of it in progress (waitCheckpoint) and its lazy
+// dump, if any, ended (lazy.go).
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	if err := s.waitCheckpoint(ctx, r.ID); err != nil {
+		return nil, wireError(err)
+	}
 	if err := s.waitLazy(ctx, r.ID); err != nil {
 		return nil, wireError(err)
 	}

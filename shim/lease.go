@@ -30,6 +30,8 @@ type leases struct {
 	mu     sync.Mutex
 	byTask map[string]*lease
 	busy   map[string]int // tasks being checkpointed now
+	// ended[id] is closed when the last checkpoint of task id in progress ends (waitCheckpoint)
+	ended map[string]chan struct{}
 }
 
 type lease struct {
@@ -175,21 +177,52 @@ func (s *Service) leaseWorkDir(id, dir string) {
 }
 
 // checkpointing marks id as being checkpointed until the returned function is called: its
-// pause lease does not resume it meanwhile.
+// pause lease does not resume it meanwhile, and Resume waits for it (waitCheckpoint).
 func (s *Service) checkpointing(id string) func() {
 	l := &s.leases
 	l.mu.Lock()
 	if l.busy == nil {
-		l.busy = map[string]int{}
+		l.busy, l.ended = map[string]int{}, map[string]chan struct{}{}
+	}
+	if l.busy[id] == 0 {
+		l.ended[id] = make(chan struct{})
 	}
 	l.busy[id]++
 	l.mu.Unlock()
+	var once sync.Once
 	return func() {
-		l.mu.Lock()
-		if l.busy[id]--; l.busy[id] <= 0 {
-			delete(l.busy, id)
-		}
-		l.mu.Unlock()
+		once.Do(func() {
+			l.mu.Lock()
+			if l.busy[id]--; l.busy[id] <= 0 {
+				delete(l.busy, id)
+				close(l.ended[id])
+				delete(l.ended, id)
+			}
+			l.mu.Unlock()
+		})
+	}
+}
+
+// waitCheckpoint waits until no checkpoint of task id is in progress (checkpointing), or ctx
+// ends (its error). A task paused for a dump is resumed only after the dump let go of it: runc
+// lets a Resume through once CRIU exited, but a failed dump of a paused task then freezes its
+// cgroup again (checkpoint: refreeze), which would leave a task containerd reports running
+// frozen. The checkpoint call may outlive its caller (ttrpc does not carry a cancellation to the
+// shim): a caller that gave up and resumes waits for the dump to end.
+func (s *Service) waitCheckpoint(ctx context.Context, id string) error {
+	l := &s.leases
+	l.mu.Lock()
+	ch := l.ended[id]
+	l.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	log.G(ctx).WithField("id", id).Info("waiting for the checkpoint in progress to end before resuming the task")
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("resume %s: a checkpoint of the task is in progress: %w", id, ctx.Err())
 	}
 }
 

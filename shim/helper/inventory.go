@@ -44,12 +44,14 @@ type InventoryRequest struct {
 }
 
 // InventoryAnswer is what the helper answers one InventoryRequest with, on one line of its
-// standard output: the field of the request's op (device memory in bytes keyed by GPU UUID), or
-// the error the inventory met (crossing as Error does for the other requests).
+// standard output: the field of the request's op, always present for InvDevices, InvVersions and
+// InvProcessMemory (an empty list or map when there is nothing; a missing one is a protocol
+// error to the shim, never read as "none"), device memory in bytes keyed by GPU UUID; or the error
+// the inventory met (crossing as Error does for the other requests).
 type InventoryAnswer struct {
-	Devices  []gpu.Device       `json:"devices,omitempty"`
+	Devices  []gpu.Device       `json:"devices,omitzero"`
 	Versions *Versions          `json:"versions,omitempty"`
-	Memory   map[string]uint64  `json:"memory,omitempty"`
+	Memory   map[string]uint64  `json:"memory,omitzero"`
 	Topology *topology.Topology `json:"topology,omitempty"`
 	Error    *Error             `json:"error,omitempty"`
 }
@@ -60,6 +62,10 @@ type Versions struct {
 	DriverMajor int    `json:"driverMajor"`
 	CUDA        string `json:"cuda"`
 }
+
+// DefaultInventoryDeadline is Inventory.Deadline when unset: far above what NVML takes to answer
+// (milliseconds; its first open, some seconds), far below a pause a workload would notice as lost.
+const DefaultInventoryDeadline = 30 * time.Second
 
 // InventoryIdle is how long `berth-shim-helper gpu-inventory` waits for the shim's next request
 // before it exits (the next call starts a new one): a shim's GPU calls come in bursts, one
@@ -143,14 +149,18 @@ func answerInventory(inv gpu.Inventory, req InventoryRequest) (InventoryAnswer, 
 	switch req.Op {
 	case InvOpen:
 	case InvDevices:
-		a.Devices, err = inv.Devices()
+		if a.Devices, err = inv.Devices(); err == nil && a.Devices == nil {
+			a.Devices = []gpu.Device{}
+		}
 	case InvVersions:
 		var v gpu.Versions
 		if v, err = inv.Versions(); err == nil {
 			a.Versions = &Versions{Driver: v.Driver, DriverMajor: v.DriverMajor, CUDA: v.CUDA}
 		}
 	case InvProcessMemory:
-		a.Memory, err = inv.ProcessMemory(req.PID)
+		if a.Memory, err = inv.ProcessMemory(req.PID); err == nil && a.Memory == nil {
+			a.Memory = map[string]uint64{}
+		}
 	case InvTopology:
 		if t, ok := inv.(gpu.Topologist); ok {
 			a.Topology, err = t.Topology()
@@ -171,14 +181,20 @@ func answerInventory(inv gpu.Inventory, req InventoryRequest) (InventoryAnswer, 
 // container's shim does not keep it, and NVML, for the months the container may run after its
 // restore). A call whose helper exited or broke the protocol stops it and is sent once more to
 // a new helper (every request only reads); when that fails too, the call returns an error
-// naming the helper with the end of its standard error. Calls are serialised.
+// naming the helper with the end of its standard error. An answer without its op's field
+// (InventoryAnswer) is such a break. A helper that does not answer within Deadline (NVML hung
+// on a GPU fallen off the bus) is killed and the call fails at once, naming the op and the
+// deadline (a containerd task may be paused meanwhile); the next call starts a new helper.
+// Calls are serialised.
 //
-// Path is the helper (Find, when empty). Start starts cmd and returns a function that waits for
+// Path is the helper (Find, when empty). Deadline is how long one call waits for the helper to
+// take its request and answer (0: DefaultInventoryDeadline). Start starts cmd and returns a function that waits for
 // its exit (the shim starts it through containerd's reaper, which owns every child of a shim);
 // nil runs cmd.Start and cmd.Wait.
 type Inventory struct {
-	Path  string
-	Start func(cmd *exec.Cmd) (wait func() error, err error)
+	Path     string
+	Start    func(cmd *exec.Cmd) (wait func() error, err error)
+	Deadline time.Duration
 
 	mu sync.Mutex
 	p  *inventoryProcess
@@ -220,9 +236,6 @@ func (i *Inventory) Versions() (gpu.Versions, error) {
 	if err != nil {
 		return gpu.Versions{}, err
 	}
-	if a.Versions == nil {
-		return gpu.Versions{}, fmt.Errorf("%s %s answered %s without versions", Name, InventoryCommand, InvVersions)
-	}
 	return gpu.Versions{Driver: a.Versions.Driver, DriverMajor: a.Versions.DriverMajor, CUDA: a.Versions.CUDA}, nil
 }
 
@@ -232,9 +245,6 @@ func (i *Inventory) ProcessMemory(pid int) (map[string]uint64, error) {
 	a, err := i.call(InventoryRequest{Op: InvProcessMemory, PID: pid})
 	if err != nil {
 		return nil, err
-	}
-	if a.Memory == nil {
-		return map[string]uint64{}, nil
 	}
 	return a.Memory, nil
 }
@@ -262,11 +272,36 @@ func (i *Inventory) Close() error {
 	return nil
 }
 
+// errMissingField is an answer without its op's field (InventoryAnswer).
+var errMissingField = errors.New("answer without its field")
+
+// missingField returns an error wrapping errMissingField when a, the answer to op, lacks the
+// field op always has (InventoryAnswer); nil otherwise.
+func missingField(op string, a *InventoryAnswer) error {
+	var field string
+	switch {
+	case op == InvDevices && a.Devices == nil:
+		field = "devices"
+	case op == InvVersions && a.Versions == nil:
+		field = "versions"
+	case op == InvProcessMemory && a.Memory == nil:
+		field = "memory"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w %q", errMissingField, field)
+}
+
 // call sends req to the helper, starting one if none runs, and returns its answer or the error
-// it answered with (decoded). A helper that cannot be written to or gives no answer is stopped.
+// it answered with (decoded). A helper that cannot be written to, gives no answer or an answer
+// without its field is stopped; one that gives none within the deadline is killed.
 func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	deadline := i.Deadline
+	if deadline <= 0 {
+		deadline = DefaultInventoryDeadline
+	}
 	for attempt := 1; ; attempt++ {
 		if i.p == nil {
 			p, err := i.start()
@@ -277,7 +312,11 @@ func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 		}
 		p := i.p
 		var a InventoryAnswer
-		err := p.enc.Encode(req)
+		// the pipes are the poller's (os.Pipe): a deadline ends a blocked write or read
+		err := errors.Join(p.stdin.SetWriteDeadline(time.Now().Add(deadline)), p.stdout.SetReadDeadline(time.Now().Add(deadline)))
+		if err == nil {
+			err = p.enc.Encode(req)
+		}
 		if err == nil {
 			err = p.dec.Decode(&a)
 		}
@@ -285,13 +324,19 @@ func (i *Inventory) call(req InventoryRequest) (*InventoryAnswer, error) {
 			if a.Error != nil {
 				return nil, a.Error.Err()
 			}
-			return &a, nil
+			if err = missingField(req.Op, &a); err == nil {
+				return &a, nil
+			}
 		}
 		i.p = nil
 		p.stop()
 		select { // so that its standard error is read to the end
 		case <-p.exited:
 		case <-time.After(2 * time.Second):
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("no answer within %v: helper (pid %d) killed: %w (%w)", deadline, p.cmd.Process.Pid, gpu.ErrTimeout, err)
+			attempt = 2 // a hung GPU hangs the next helper too: fail now, the next call starts one
 		}
 		if attempt < 2 {
 			continue // it was idle and exited, or died: once more, with a new helper

@@ -1,6 +1,7 @@
 package helper
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,9 +23,30 @@ import (
 // serveInventoryForTest is the test binary as `berth-shim-helper gpu-inventory`, serving the fake
 // GPU node at $BERTH_HELPER_FAKE_ROOT (fake.Open: it fails while the node is not set up).
 // $BERTH_HELPER_IDLE is its idle limit (a duration; none when unset); with
-// $BERTH_HELPER_CRASH set it writes to standard error and exits 3 on its first request.
+// $BERTH_HELPER_CRASH set it writes to standard error and exits 3 on its first request; with
+// $BERTH_HELPER_HANG set it reads a request and never answers (NVML hung on a lost GPU); with
+// $BERTH_HELPER_ANSWER (a file) it answers every request with that file's line.
 func serveInventoryForTest() int {
 	root := os.Getenv("BERTH_HELPER_FAKE_ROOT")
+	if os.Getenv("BERTH_HELPER_HANG") != "" {
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		time.Sleep(time.Hour)
+		return 0
+	}
+	if f := os.Getenv("BERTH_HELPER_ANSWER"); f != "" {
+		answer, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if _, err := os.Stdout.Write(answer); err != nil {
+				return 2
+			}
+		}
+		return 0
+	}
 	if os.Getenv("BERTH_HELPER_CRASH") != "" {
 		_, _ = io.ReadAll(io.LimitReader(os.Stdin, 1))
 		fmt.Fprintln(os.Stderr, "inventory helper crashed on purpose")
@@ -190,6 +213,107 @@ func TestInventoryHelperCrashes(t *testing.T) {
 	}
 }
 
+// TestInventoryHelperHangs: a helper that takes a request and never answers is killed at the
+// call's deadline, the call fails naming the op and the deadline, and the next call starts a new
+// helper (killed in turn).
+func TestInventoryHelperHangs(t *testing.T) {
+	inv := selfInventory(t, t.TempDir(), "BERTH_HELPER_HANG=1")
+	inv.Deadline = 300 * time.Millisecond
+	var cmds []*exec.Cmd
+	var reaped []chan struct{}
+	start := inv.Start
+	inv.Start = func(cmd *exec.Cmd) (func() error, error) {
+		wait, err := start(cmd)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan struct{})
+		cmds, reaped = append(cmds, cmd), append(reaped, done)
+		return func() error { defer close(done); return wait() }, nil
+	}
+	for n := 1; n <= 2; n++ {
+		errc := make(chan error, 1)
+		go func() { _, err := inv.ProcessMemory(os.Getpid()); errc <- err }()
+		var err error
+		select {
+		case err = <-errc:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("call %d: ProcessMemory of a hung helper has not returned after 20 s", n)
+		}
+		if err == nil || !strings.Contains(err.Error(), InventoryCommand+" "+InvProcessMemory) || !strings.Contains(err.Error(), "300ms") {
+			t.Fatalf("call %d: ProcessMemory of a hung helper: %v; want an error naming %s and the deadline", n, err, InvProcessMemory)
+		}
+		if !errors.Is(err, gpu.ErrTimeout) { // the shim's errdefs table makes it Unavailable
+			t.Fatalf("call %d: ProcessMemory of a hung helper: %v; want gpu.ErrTimeout", n, err)
+		}
+		if len(cmds) != n {
+			t.Fatalf("call %d: %d helpers started; want one per call", n, len(cmds))
+		}
+		select {
+		case <-reaped[n-1]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("call %d: the hung helper (pid %d) was not killed", n, cmds[n-1].Process.Pid)
+		}
+		if ws, ok := cmds[n-1].ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Errorf("call %d: helper ended %v; want killed", n, cmds[n-1].ProcessState)
+		}
+		if inv.helperPID() != 0 {
+			t.Fatalf("call %d: helper %d kept after its deadline", n, inv.helperPID())
+		}
+	}
+}
+
+// TestInventoryAnswerWithoutField: each answer of testdata/inventory-answers sent by a helper
+// for an op: one without that op's field (or with null) is a protocol error, never "nothing"
+// (an empty map of process memory would pass a restore's free-memory check); an empty list or
+// map sent as such is an answer.
+func TestInventoryAnswerWithoutField(t *testing.T) {
+	for _, tc := range []struct {
+		answer, op string
+		wantErr    bool
+	}{
+		{"empty.json", InvProcessMemory, true},
+		{"memory-null.json", InvProcessMemory, true},
+		{"memory-empty.json", InvProcessMemory, false},
+		{"memory.json", InvProcessMemory, false},
+		{"empty.json", InvDevices, true},
+		{"devices-empty.json", InvDevices, false},
+		{"empty.json", InvVersions, true},
+		{"versions.json", InvVersions, false},
+		{"memory.json", InvDevices, true},
+		{"empty.json", InvTopology, false},
+		{"empty.json", InvOpen, false},
+	} {
+		t.Run(tc.op+"/"+tc.answer, func(t *testing.T) {
+			file, err := filepath.Abs(filepath.Join("testdata", "inventory-answers", tc.answer))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv := selfInventory(t, t.TempDir(), "BERTH_HELPER_ANSWER="+file)
+			var got any
+			switch tc.op {
+			case InvProcessMemory:
+				got, err = inv.ProcessMemory(os.Getpid())
+			case InvDevices:
+				got, err = inv.Devices()
+			case InvVersions:
+				got, err = inv.Versions()
+			case InvTopology:
+				got, err = inv.Topology()
+			case InvOpen:
+				got, err = inv.Open()
+			}
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "without its field") || !strings.Contains(err.Error(), tc.op) {
+					t.Fatalf("%s answered with %s: %v, %v; want a protocol error naming the op", tc.op, tc.answer, got, err)
+				}
+			} else if err != nil {
+				t.Fatalf("%s answered with %s: %v", tc.op, tc.answer, err)
+			}
+		})
+	}
+}
+
 // TestServeInventory: requests on one stream get one answer each, an unknown op is refused by
 // name, and the stream's end ends the helper with status 0; unreadable input with 2.
 func TestServeInventory(t *testing.T) {
@@ -199,9 +323,13 @@ func TestServeInventory(t *testing.T) {
 	}
 	open := func() (gpu.Inventory, error) { return openFake(root) }
 	var out bytes.Buffer
-	in := `{"op":"open"}` + "\n" + `{"op":"versions"}` + `{"op":"flush"}` + "\n" + `{"op":"devices"}`
+	in := `{"op":"open"}` + "\n" + `{"op":"versions"}` + `{"op":"flush"}` + "\n" + `{"op":"devices"}` +
+		fmt.Sprintf(`{"op":"process-memory","pid":%d}`, os.Getpid())
 	if rc := ServeInventory(strings.NewReader(in), &out, open, 0); rc != 0 {
 		t.Fatalf("exit %d", rc)
+	}
+	if !strings.Contains(out.String(), `"memory":{}`) {
+		t.Errorf("process-memory of a process without device memory: %s; want the field, empty", out.String())
 	}
 	dec := json.NewDecoder(&out)
 	var as []InventoryAnswer
@@ -212,8 +340,8 @@ func TestServeInventory(t *testing.T) {
 		}
 		as = append(as, a)
 	}
-	if len(as) != 4 || as[0].Error != nil || as[1].Versions == nil || as[1].Versions.Driver != "580.65.06" ||
-		as[2].Error == nil || !strings.Contains(as[2].Error.Message, `"flush"`) || len(as[3].Devices) != 2 {
+	if len(as) != 5 || as[0].Error != nil || as[1].Versions == nil || as[1].Versions.Driver != "580.65.06" ||
+		as[2].Error == nil || !strings.Contains(as[2].Error.Message, `"flush"`) || len(as[3].Devices) != 2 || as[4].Memory == nil {
 		t.Fatalf("answers: %+v", as)
 	}
 	if rc := ServeInventory(strings.NewReader("not json"), &bytes.Buffer{}, open, 0); rc != 2 {

@@ -76,8 +76,8 @@ func TestCRICheckpointCopyMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", name, "--dir", arm, "--expire", "60s",
-		"--checkpoint-timeout", strconv.FormatInt(cpTimeout, 10), rcv.addr)
+	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", name, "--dir", arm, "--expire", "60s", rcv.addr)
+	sp.Stdin = strings.NewReader(strconv.FormatInt(cpTimeout, 10) + "\n")
 	stdout, err := sp.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -239,8 +239,8 @@ func TestCRICheckpointCopyModeReceiverKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", "cri-copy-killed", "--dir", arm, "--expire", "60s",
-		"--checkpoint-timeout", strconv.FormatInt(cpTimeout, 10), rcv.addr)
+	sp := exec.CommandContext(ctx, c.Berthctl(), "send-pages", "--container", cid, "--name", "cri-copy-killed", "--dir", arm, "--expire", "60s", rcv.addr)
+	sp.Stdin = strings.NewReader(strconv.FormatInt(cpTimeout, 10) + "\n")
 	stdout, err := sp.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

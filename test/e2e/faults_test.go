@@ -676,6 +676,31 @@ func TestFltMigrateFaults(t *testing.T) {
 			modes: []string{"stored", "copy"},
 		},
 		{
+			name: "receiver-stalls-interrupted-early",
+			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
+				addr := fltFakeReceiver(t, 0, true)
+				return fltMigrateSetup{args: []string{"--receiver", addr},
+					during: func(t *testing.T, cmd *exec.Cmd, ev *fltEvents) {
+						// the source is paused while migrate waits on the stalled receiver (copy
+						// mode: inside the dump, whose page stream stalls); the operator gives up
+						// and interrupts migrate, which must resume the source
+						// early in the dump (CRIU holds the task, its page stream stalled): runc lets
+						// migrate's resume through as soon as the failed dump returns, and the
+						// shim once froze the task again after that (shim: waitCheckpoint)
+						ev.waitFor(t, "/tasks/paused", 30*time.Second)
+						time.Sleep(1500 * time.Millisecond)
+						_ = cmd.Process.Signal(os.Interrupt)
+					}}
+			},
+			want: func(s fltMigrateSetup, name, mode string) []string {
+				if mode == "copy" { // the page stream stalls inside the dump
+					return []string{"checkpoint flt-m-src", "context canceled"}
+				}
+				return []string{"send checkpoint to the destination", "context canceled"}
+			},
+			modes: []string{"copy"},
+		},
+		{
 			name: "destination-socket-missing",
 			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
 				dir := t.TempDir()

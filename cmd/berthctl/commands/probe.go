@@ -22,14 +22,18 @@ import (
 func CheckpointNeed() *cobra.Command {
 	var (
 		id, hostRoot string
+		anchor       move.Anchor
 		nf           nodeFlags
 		output       *format
 	)
 	cmd := &cobra.Command{
-		Use:   "need --container ID [--host-root DIR] [--gpu none|cuda|fake] [-o json]",
+		Use:   "need --container ID [--pod-uid UID | --containerd-namespace NS] [--host-root DIR] [--gpu none|cuda|fake] [-o json]",
 		Short: "Print what a running container holds on this node (host PIDs, GPU device memory) as a preflight's need",
 		Long: `need finds the processes of the container ID (a CRI or containerd container ID: the cgroup path of
 its processes names it) in the /proc of the host mounted at --host-root (default /), and prints,
+counting only a cgroup anchored where the container's is: below the pod --pod-uid's cgroup under
+kubepods (a CRI container), or /NS/ID at the cgroup root (a containerd container of namespace
+--containerd-namespace); with neither, any pod's or namespace's (move.ContainerPIDs),
 as the JSON of a move.Need (what 'checkpoint check --need' takes), their host PIDs and, with
 --gpu, the device memory they hold on each GPU of this node (model and bytes, as a checkpoint
 would record them). PIDs must be host PIDs for the GPU backend: run it in the host's PID
@@ -47,7 +51,7 @@ namespace (the berth-probe DaemonSet has hostPID).`,
 			if n.gpu != nil {
 				inv = n.gpu.Inventory()
 			}
-			need, err := move.HeldOnHost(hostRoot, id, inv)
+			need, err := move.HeldOnHost(hostRoot, id, anchor, inv)
 			if err != nil {
 				return err
 			}
@@ -65,6 +69,8 @@ namespace (the berth-probe DaemonSet has hostPID).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "container", "", "the container's ID (required)")
+	f.StringVar(&anchor.PodUID, "pod-uid", "", "the UID of the CRI container's pod: only a cgroup below that pod's counts")
+	f.StringVar(&anchor.Namespace, "containerd-namespace", "", "the containerd namespace of a non-CRI container: only /NS/ID counts")
 	f.StringVar(&hostRoot, "host-root", "", "where the host's / is mounted (default: this process's /)")
 	nf.add(f)
 	output = addFormat(f, formatText, formatJSON)

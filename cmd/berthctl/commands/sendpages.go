@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -43,17 +45,17 @@ func SendPages() *cobra.Command {
 	var (
 		container, name, dir string
 		expire               time.Duration
-		cpTimeout            int64
 		disarm               bool
 		tf                   *tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "send-pages --container ID (--name NAME --checkpoint-timeout SECONDS [--expire D] HOST:PORT | --disarm [--name NAME]) [--dir DIR]",
+		Use:   "send-pages --container ID (--name NAME [--expire D] HOST:PORT < SECONDS | --disarm [--name NAME]) [--dir DIR]",
 		Short: "Arm copy mode for one checkpoint call of a container: its memory pages go to a 'berthctl receive'",
 		Long: `send-pages arms a copy-mode page stream for one checkpoint call of container ID (its containerd
-id): the next one made with the timeout --checkpoint-timeout SECONDS (the kubelet checkpoint
-API's ?timeout=SECONDS, or 'crictl --timeout=SECONDSs checkpoint'), whose deadline containerd
-passes to the shim. It connects to the 'berthctl receive' at HOST:PORT (mutual TLS, as 'berthctl
+id): the next one made with the timeout SECONDS, read from the first line of standard input (the
+kubelet checkpoint API's ?timeout=SECONDS, or 'crictl --timeout=SECONDSs checkpoint'), whose
+deadline containerd passes to the shim; not a flag, so that it is not in the command line that
+/proc shows every local user. It connects to the 'berthctl receive' at HOST:PORT (mutual TLS, as 'berthctl
 send'), listens on a unix socket in --dir (the shim's page_stream_dir) and writes ID.json there,
 then prints "armed". berth's shim, on that checkpoint call, takes the request, has CRIU send the memory pages through a relay of its
 own that digests them (the digest goes into the checkpoint's berth.json, which the shim signs),
@@ -90,8 +92,9 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 			if err := transfer.ValidName(name); err != nil {
 				return fmt.Errorf("--name: %w", err)
 			}
-			if cpTimeout <= 0 {
-				return fmt.Errorf("--checkpoint-timeout %d: want the timeout, in seconds, of the checkpoint call that is to take the stream", cpTimeout)
+			cpTimeout, err := readCheckpointTimeout(cmd.InOrStdin())
+			if err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			start := time.Now()
@@ -119,12 +122,30 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 	cmd.Flags().StringVar(&name, "name", "", "the checkpoint's name at the receiver (what 'berthctl send --name' names it)")
 	cmd.Flags().StringVar(&dir, "dir", checkpoint.DefaultPageStreamDir, "the shim's page_stream_dir, as mounted here")
 	cmd.Flags().DurationVar(&expire, "expire", 30*time.Second, "how long the request stays armed without a checkpoint")
-	cmd.Flags().Int64Var(&cpTimeout, "checkpoint-timeout", 0, "the timeout, in seconds, of the checkpoint call that is to take the stream (the kubelet API's ?timeout=)")
 	cmd.Flags().BoolVar(&disarm, "disarm", false, "disarm the stream armed for --container (with --name: only the one armed under that name), unless a checkpoint took it already, and end the send-pages that armed it (HOST:PORT not needed)")
 	tf = addTLSFlags(cmd.Flags())
 	tf.addServerName(cmd.Flags())
 	// the armed line comes first on stdout; the result is JSON
 	return cmd
+}
+
+// maxTimeoutLine bounds the line readCheckpointTimeout reads (an int64 is 19 digits).
+const maxTimeoutLine = 64
+
+// readCheckpointTimeout reads the checkpoint timeout, in whole seconds, from the first line of in
+// (send-pages' standard input: a flag would show it to every local user in /proc/PID/cmdline).
+// Errors: no line, or one that is not a positive number of seconds (the value is not repeated:
+// it binds an armed stream).
+func readCheckpointTimeout(in io.Reader) (int64, error) {
+	line, err := bufio.NewReader(io.LimitReader(in, maxTimeoutLine)).ReadString('\n')
+	if err != nil && !(errors.Is(err, io.EOF) && line != "") {
+		return 0, fmt.Errorf("read the checkpoint timeout (seconds, one line) from standard input: %w", err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, errors.New("the checkpoint timeout on standard input is not a positive number of seconds (want the timeout of the checkpoint call that is to take the stream)")
+	}
+	return n, nil
 }
 
 // armPages makes dir (mode 0700, and closes an existing one of ours to other users), listens on a
@@ -187,10 +208,7 @@ func armPages(ctx context.Context, out io.Writer, dir string, r checkpoint.PageS
 		return nil, fmt.Errorf("arm page stream: %w", err)
 	}
 	defer func() { // disarm: a request the shim took is gone already, and another may be there
-		if cur, err := os.ReadFile(req); err != nil || !bytes.Equal(cur, b) {
-			return
-		}
-		if err := os.Remove(req); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if _, _, err := takeRequest(req, func(cur []byte) bool { return bytes.Equal(cur, b) }); err != nil {
 			fmt.Fprintf(os.Stderr, "disarm %s: %v\n", req, err)
 		}
 	}()
@@ -252,31 +270,24 @@ func peerUID(c *net.UnixConn) int {
 // already, and then connects to the socket it names and closes, so that the send-pages waiting
 // there ends (its stream reaches the receiver cut, and the receiver drops it). It prints
 // "disarmed" or "nothing armed". With name not empty it disarms only a request armed under that
-// checkpoint name: another move's request for the same container is left alone.
+// checkpoint name: another move's request for the same container is left alone (takeRequest).
 func disarmPages(out io.Writer, dir, container, name string) error {
 	if container == "" || container != filepath.Base(container) || strings.HasPrefix(container, ".") {
 		return fmt.Errorf("--container %q: want a containerd container id", container)
 	}
 	req := filepath.Join(dir, container+checkpoint.PageStreamRequestSuffix)
-	b, err := os.ReadFile(req)
-	if errors.Is(err, fs.ErrNotExist) {
-		_, err := fmt.Fprintln(out, "nothing armed")
-		return err
-	}
+	var r checkpoint.PageStreamRequest
+	var perr error
+	taken, _, err := takeRequest(req, func(b []byte) bool {
+		perr = json.Unmarshal(b, &r)
+		return name == "" || (perr == nil && r.Name == name)
+	})
 	if err != nil {
 		return fmt.Errorf("disarm: %w", err)
 	}
-	var r checkpoint.PageStreamRequest
-	perr := json.Unmarshal(b, &r)
-	if name != "" && (perr != nil || r.Name != name) {
-		_, err := fmt.Fprintln(out, "nothing armed") // another move's
+	if !taken {
+		_, err := fmt.Fprintln(out, "nothing armed") // none, a checkpoint took it, or another move's
 		return err
-	}
-	if err := os.Remove(req); errors.Is(err, fs.ErrNotExist) {
-		_, err := fmt.Fprintln(out, "nothing armed") // a checkpoint took it meanwhile
-		return err
-	} else if err != nil {
-		return fmt.Errorf("disarm: %w", err)
 	}
 	if perr == nil && r.Socket != "" && r.Socket == filepath.Base(r.Socket) {
 		if c, err := net.DialTimeout("unix", filepath.Join(dir, r.Socket), 5*time.Second); err == nil {
@@ -285,4 +296,64 @@ func disarmPages(out io.Writer, dir, container, name string) error {
 	}
 	_, err = fmt.Fprintln(out, "disarmed")
 	return err
+}
+
+// takeRequestHook, when set (tests), runs in takeRequest once the request is read and before it
+// is removed or put back: where another move may arm a request of its own.
+var takeRequestHook func()
+
+// takeRequest removes the armed request at path if ours says it is ours. It first renames the
+// request to a name of its own (as the shim's claim does), so that what it reads and judges is
+// what it removes: a request that a checkpoint claimed and another move armed meanwhile is never
+// removed on the strength of this one's bytes. A request that is not ours is put back (a link,
+// never over one armed since). It returns whether it removed one, and its bytes. Errors: I/O
+// errors other than a missing request, a request that is not a regular file (removed: no
+// send-pages armed it), and one not ours that could not be put back because another was armed in
+// its place meanwhile (it is dropped: that move's checkpoint call is then an ordinary one).
+func takeRequest(path string, ours func([]byte) bool) (bool, []byte, error) {
+	var sfx [6]byte
+	if _, err := rand.Read(sfx[:]); err != nil {
+		return false, nil, err
+	}
+	private := path + ".disarm-" + hex.EncodeToString(sfx[:])
+	if err := os.Rename(path, private); errors.Is(err, fs.ErrNotExist) {
+		return false, nil, nil
+	} else if err != nil {
+		return false, nil, err
+	}
+	b, err := readRegular(private)
+	if takeRequestHook != nil {
+		takeRequestHook()
+	}
+	if err == nil && !ours(b) {
+		err = os.Link(private, path)
+		_ = os.Remove(private)
+		if errors.Is(err, fs.ErrExist) {
+			return false, b, fmt.Errorf("%s: another request was armed while this one, not ours, was out of place: it is dropped", path)
+		}
+		return false, b, err
+	}
+	if rerr := os.Remove(private); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return true, b, nil
+}
+
+// readRegular reads path, a regular file (never what a symbolic link there points to, nor a
+// FIFO that would block) of at most 64 KiB.
+func readRegular(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
+	}
+	return io.ReadAll(io.LimitReader(f, 64<<10))
 }

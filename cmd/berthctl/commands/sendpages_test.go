@@ -266,3 +266,104 @@ func TestArmPagesSharedIDPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCheckpointTimeout: send-pages takes the checkpoint timeout from the first line of its
+// standard input, a positive number of seconds; anything else is refused without repeating it.
+func TestReadCheckpointTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+	}{
+		{"86417\n", 86417},
+		{"86417", 86417},
+		{" 86417 \nmore\n", 86417},
+		{"", 0},
+		{"\n", 0},
+		{"abc\n", 0},
+		{"0\n", 0},
+		{"-5\n", 0},
+		{strings.Repeat("9", 100) + "\n", 0},
+	} {
+		got, err := readCheckpointTimeout(strings.NewReader(tc.in))
+		if got != tc.want || (err == nil) != (tc.want > 0) {
+			t.Errorf("readCheckpointTimeout(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// TestSendPagesTimeoutNotOnCommandLine: the timeout that binds an armed stream is not a flag
+// (/proc/PID/cmdline shows a command line to every local user and hostPID pod): send-pages has
+// no such flag, and without the timeout on standard input it fails before it arms or dials.
+func TestSendPagesTimeoutNotOnCommandLine(t *testing.T) {
+	cmd := SendPages()
+	if f := cmd.Flags().Lookup("checkpoint-timeout"); f != nil {
+		t.Fatalf("send-pages has a --%s flag: the timeout would be on its command line", f.Name)
+	}
+	dir := t.TempDir()
+	cmd.SetArgs([]string{"--container", "c1", "--name", "ns-pod-1", "--dir", dir, "127.0.0.1:1"})
+	cmd.SetIn(strings.NewReader(""))
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	err := cmd.ExecuteContext(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "standard input") {
+		t.Fatalf("send-pages without a timeout on standard input: %v; want an error naming it", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("armed without a timeout: %v", ents)
+	}
+}
+
+// TestDisarmPagesTakesItsOwn: --disarm judges and removes the same request. Another move's
+// request (another checkpoint name) is put back as it was; and when, between the disarm's read
+// and its removal, the request was claimed by a checkpoint and another move armed its own
+// (takeRequestHook), that one stays armed. (disarm read the file and then removed whatever was
+// at the path: the other move's request.)
+func TestDisarmPagesTakesItsOwn(t *testing.T) {
+	ours, err := os.ReadFile(filepath.Join("testdata", "pagestream", "ours.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := os.ReadFile(filepath.Join("testdata", "pagestream", "other-move.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	req := filepath.Join(dir, "c1.json")
+
+	if err := os.WriteFile(req, other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := disarmPages(&out, dir, "c1", "ns-pod-1"); err != nil || strings.TrimSpace(out.String()) != "nothing armed" {
+		t.Fatalf("disarm of another move's request: %q, %v", out.String(), err)
+	}
+	if b, err := os.ReadFile(req); err != nil || !bytes.Equal(b, other) {
+		t.Fatalf("another move's request after a disarm: %q, %v; want it as it was", b, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("left in the directory: %v; want only the request", ents)
+	}
+
+	if err := os.WriteFile(req, ours, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	takeRequestHook = func() {
+		// a checkpoint claims what is at the path (if anything), another move arms its own
+		_ = os.Remove(req)
+		if err := os.WriteFile(req, other, 0o600); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { takeRequestHook = nil }()
+	out.Reset()
+	if err := disarmPages(&out, dir, "c1", "ns-pod-1"); err != nil {
+		t.Fatalf("disarm: %q, %v", out.String(), err)
+	}
+	takeRequestHook = nil
+	if b, err := os.ReadFile(req); err != nil || !bytes.Equal(b, other) {
+		t.Fatalf("the request another move armed during a disarm: %q, %v; want it armed", b, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("left in the directory: %v; want only the other move's request", ents)
+	}
+}

@@ -89,10 +89,12 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string,
 	if err != nil {
 		return nil, err
 	}
+	// the timeout goes on standard input: on the command line, /proc would show it to every
+	// local user of the node and every hostPID pod
 	argv := []string{agentBerthctl, "send-pages", "--container", container, "--name", name,
-		"--checkpoint-timeout", strconv.FormatInt(timeout, 10), "--expire", armExpiry.String(), addr}
+		"--expire", armExpiry.String(), addr}
 	req := a.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(from.Namespace).Name(from.Name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodExecOptions{Container: a.Container, Command: argv, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(a.Config, "GET", req.URL().String())
 	if err != nil {
 		return nil, err
@@ -116,7 +118,7 @@ func (a *Agents) ArmPages(ctx context.Context, src, dst, container, name string,
 	var stderr bytes.Buffer
 	go func() {
 		defer close(s.done)
-		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdout: s.out, Stderr: &stderr})
+		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: strings.NewReader(strconv.FormatInt(timeout, 10) + "\n"), Stdout: s.out, Stderr: &stderr})
 		if err != nil {
 			msg := strings.TrimSpace(stderr.String())
 			if len(msg) > 2000 {

@@ -160,7 +160,7 @@ func readSource(ctx context.Context, cs kubernetes.Interface, stats StatsFunc, p
 		if id == "" {
 			return nil, fmt.Errorf("%w: %s/%s: container %s has no containerID in the pod's status", ErrNotMovable, p.Namespace, p.Name, container)
 		}
-		if f.held, err = probe.Source(ctx, p.Spec.NodeName, id); err != nil {
+		if f.held, err = probe.Source(ctx, p.Spec.NodeName, id, cgroupPodUID(p)); err != nil {
 			return nil, err
 		}
 	}
@@ -464,4 +464,16 @@ func errPreflight(ns, pod string, err error) error {
 		return fmt.Errorf("move pod %s/%s: nothing was checkpointed: %w", ns, pod, err)
 	}
 	return fmt.Errorf("move pod %s/%s: preflight (nothing was checkpointed): %w", ns, pod, err)
+}
+
+// cgroupPodUID is the pod UID the kubelet names p's cgroup after: p's UID, but for a static pod's
+// mirror (annotation kubernetes.io/config.mirror) the static pod's own, its config hash
+// (kubernetes.io/config.hash), which the API server's UID of the mirror is not.
+func cgroupPodUID(p *corev1.Pod) string {
+	if _, mirror := p.Annotations["kubernetes.io/config.mirror"]; mirror {
+		if h := p.Annotations["kubernetes.io/config.hash"]; h != "" {
+			return h
+		}
+	}
+	return string(p.UID)
 }

@@ -100,8 +100,8 @@ func (h *hostProbe) inv(node string) gpu.Inventory {
 	return nil
 }
 
-func (h *hostProbe) Source(_ context.Context, node, id string) (move.Need, error) {
-	return move.HeldOnHost(h.hosts[node], id, h.inv(node))
+func (h *hostProbe) Source(_ context.Context, node, id, podUID string) (move.Need, error) {
+	return move.HeldOnHost(h.hosts[node], id, move.Anchor{PodUID: podUID}, h.inv(node))
 }
 
 func (h *hostProbe) Check(ctx context.Context, node string, need move.Need) ([]move.Refusal, error) {
@@ -134,7 +134,7 @@ func newHostProbe(t *testing.T, gib int64) *hostProbe {
 		}
 		h.gpus[n] = g
 	}
-	if err := os.WriteFile(filepath.Join(h.hosts["kube1"], "proc", pid, "cgroup"), []byte("0::/kubepods/pod-uid/"+pfContainerID+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(h.hosts["kube1"], "proc", pid, "cgroup"), []byte("0::/kubepods/podpod-uid/"+pfContainerID+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(h.hosts["kube1"], "data", "models"), 0o755); err != nil {
@@ -483,5 +483,18 @@ func TestMoveRefusedByPreflight(t *testing.T) {
 	pods, _ := cs.CoreV1().Pods("ns").List(context.Background(), metav1.ListOptions{})
 	if len(pods.Items) != 1 || pods.Items[0].Name != "infer" {
 		t.Errorf("pods after the refusal: %v", pods.Items)
+	}
+}
+
+// TestCgroupPodUID: the probe finds a container below the cgroup the kubelet names after the
+// pod's UID: the API server's for a pod, the static pod's config hash for a mirror pod.
+func TestCgroupPodUID(t *testing.T) {
+	p := pfPod()
+	if got := cgroupPodUID(p); got != string(p.UID) || got == "" {
+		t.Errorf("pod: %q; want its UID %q", got, p.UID)
+	}
+	p.Annotations = map[string]string{"kubernetes.io/config.mirror": "6f1c", "kubernetes.io/config.hash": "6f1c"}
+	if got := cgroupPodUID(p); got != "6f1c" {
+		t.Errorf("mirror pod: %q; want the config hash", got)
 	}
 }

@@ -40,8 +40,9 @@ type NodeProbe interface {
 	// Source returns what container containerID (the ID of the pod status's containerID,
 	// without its runtime prefix) holds on node: its processes' host PIDs and, where the node's
 	// probe has a GPU backend, the device memory they hold on each GPU (move.Need's PIDs and
-	// GPU; nothing else is set).
-	Source(ctx context.Context, node, containerID string) (move.Need, error)
+	// GPU; nothing else is set). podUID is the UID of the container's pod: only processes in
+	// a cgroup below that pod's count (move.Anchor).
+	Source(ctx context.Context, node, containerID, podUID string) (move.Need, error)
 	// Check checks need against node's host (bind sources, PIDs when need.Spec shares the host's
 	// PID namespace, GPU device memory) and returns its refusals (none: it can take it).
 	Check(ctx context.Context, node string, need move.Need) ([]move.Refusal, error)
@@ -78,15 +79,17 @@ func (p *Probes) pod(ctx context.Context, node string) (*corev1.Pod, error) {
 	return nodePod(ctx, p.Client, p.Namespace, p.Labels, node, "berth probe", "berth-probe-daemonset.yaml", ErrNoProbe)
 }
 
-// Source runs `berthctl checkpoint need --host-root ROOT --container ID -o json` in node's probe.
-func (p *Probes) Source(ctx context.Context, node, containerID string) (move.Need, error) {
+// Source runs `berthctl checkpoint need --host-root ROOT --container ID --pod-uid UID -o json` in
+// node's probe: what the CRI container containerID of the pod with UID podUID holds there (only
+// processes in a cgroup below that pod's count, move.ContainerPIDs).
+func (p *Probes) Source(ctx context.Context, node, containerID, podUID string) (move.Need, error) {
 	var need move.Need
 	pod, err := p.pod(ctx, node)
 	if err != nil {
 		return need, err
 	}
 	out, err := execIn(ctx, p.Client, p.Config, pod, p.Container, "berth probe", agentBerthctl,
-		"checkpoint", "need", "-o", "json", "--host-root", p.HostRoot, "--container", containerID)
+		"checkpoint", "need", "-o", "json", "--host-root", p.HostRoot, "--container", containerID, "--pod-uid", podUID)
 	if err != nil {
 		return need, err
 	}

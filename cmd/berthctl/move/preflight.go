@@ -508,18 +508,32 @@ func HostPath(root, p string) (string, error) {
 	return hp, nil
 }
 
+// Anchor says where a container's cgroup must lie for ContainerPIDs to count its processes.
+// PodUID is the UID of a CRI container's pod (metadata.uid, as the kubelet names the pod's
+// cgroup: pod<UID> with cgroupfs, kubepods[-QOS]-pod<UID, - as _>.slice with systemd); ""
+// accepts any pod's cgroup. Namespace is a non-CRI container's containerd namespace (containerd's
+// default cgroupsPath is /<namespace>/<id>); "" accepts any. With PodUID set only the CRI form
+// counts, with only Namespace set only the containerd form, with neither either form.
+type Anchor struct {
+	PodUID    string
+	Namespace string
+}
+
 // ContainerPIDs returns the PIDs, in the PID namespace of proc (a procfs: the host's /proc for
 // host PIDs), of the processes in the cgroup of the container id (a CRI or containerd container
 // ID, 12 characters at least), sorted: those whose proc/PID/cgroup (parsed by containerd's
 // cgroups.ParseCgroupFromReaderUnified: the unified hierarchy's line and every cgroup v1
-// hierarchy's) names a path whose container element (cgroupOwner: the first element from the
-// root that names any container) is exactly id's: ID (cgroupfs) or PREFIX-ID.scope (systemd:
-// cri-containerd-ID.scope). A cgroup that only contains id in its name, or a child cgroup named
-// after id below another container's, is not id's: a tenant cannot have its own processes
+// hierarchy's) names a path (cgroupOfContainer) whose container element (the first element from
+// the root that names any container) is exactly id's, ID (cgroupfs) or PREFIX-ID.scope (systemd:
+// cri-containerd-ID.scope), anchored as a makes it: right below its pod's cgroup under the
+// kubelet's kubepods (CRI), or right below its namespace at the cgroup root (containerd's
+// /<namespace>/<id>). A cgroup that only contains id in its name, one named after id below
+// another container's, or one below a delegated systemd unit (a user's user@UID.service, a
+// podman or service's scope) is not id's: no tenant or local user can have its own processes
 // counted as another container's. It needs no privilege (cgroup files are world-readable); a
 // process gone meanwhile, or whose file does not parse, is skipped. Errors: an id too short to be
 // unique, or proc unreadable.
-func ContainerPIDs(proc, id string) ([]int, error) {
+func ContainerPIDs(proc, id string, a Anchor) ([]int, error) {
 	if len(id) < 12 {
 		return nil, fmt.Errorf("container id %q: too short to find its cgroup", id)
 	}
@@ -537,7 +551,7 @@ func ContainerPIDs(proc, id string) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		if inContainerCgroup(b, id) {
+		if inContainerCgroup(b, id, a) {
 			out = append(out, pid)
 		}
 	}
@@ -546,8 +560,8 @@ func ContainerPIDs(proc, id string) ([]int, error) {
 }
 
 // inContainerCgroup reports whether the /proc/PID/cgroup contents b place the process in the
-// cgroup of container id (or below it) in any hierarchy (cgroupOwner).
-func inContainerCgroup(b []byte, id string) bool {
+// cgroup of container id (or below it) in any hierarchy (cgroupOfContainer).
+func inContainerCgroup(b []byte, id string, a Anchor) bool {
 	v1, unified, err := cgroups.ParseCgroupFromReaderUnified(bytes.NewReader(b))
 	if err != nil {
 		return false
@@ -557,7 +571,7 @@ func inContainerCgroup(b []byte, id string) bool {
 		paths = append(paths, p)
 	}
 	for _, p := range paths {
-		if owner, ok := cgroupOwner(p, id); ok && owner == id {
+		if cgroupOfContainer(p, id, a) {
 			return true
 		}
 	}
@@ -567,43 +581,126 @@ func inContainerCgroup(b []byte, id string) bool {
 // containerIDElem is a containerd CRI container id: 64 lowercase hex digits.
 var containerIDElem = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// cgroupOwner returns the id of the container whose cgroup the cgroup path p is or lies below,
-// from p's first element (from the root; ".." of a path outside the reader's cgroup namespace
-// skipped) that names a container: a 64-hex id or id itself (cgroupfs), or PREFIX-ID.scope
-// with such an id (systemd). ok is false when no element names one (the pod's cgroup, a host
-// service's). The first one decides: a process in a child cgroup that a container made is
-// that container's, whatever the child's name.
-func cgroupOwner(p, id string) (owner string, ok bool) {
+// elemContainer returns the container id that the cgroup path element el names: a 64-hex id or
+// id itself (cgroupfs), or PREFIX-ID.scope with such an id (systemd); ok is false for any other.
+func elemContainer(el, id string) (string, bool) {
 	isID := func(s string) bool { return s == id || containerIDElem.MatchString(s) }
-	for _, el := range strings.Split(p, "/") {
-		if el == "" || el == "." || el == ".." {
-			continue
-		}
-		if isID(el) {
-			return el, true
-		}
-		if scope, found := strings.CutSuffix(el, ".scope"); found {
-			if i := strings.LastIndexByte(scope, '-'); i > 0 && isID(scope[i+1:]) {
-				return scope[i+1:], true
-			}
+	if isID(el) {
+		return el, true
+	}
+	if scope, found := strings.CutSuffix(el, ".scope"); found {
+		if i := strings.LastIndexByte(scope, '-'); i > 0 && isID(scope[i+1:]) {
+			return scope[i+1:], true
 		}
 	}
 	return "", false
 }
 
+// cgroupOfContainer reports whether the cgroup path p is container id's cgroup or lies below it.
+// p's elements ("" and "." dropped, and the leading ".." of a path outside the reader's cgroup
+// namespace: outside is above the reader's own pod, which a tenant cannot write) are read from
+// the root; the first one that names a container (elemContainer) decides, so a child cgroup that
+// a container made is that container's whatever its name, and it must be id's and anchored:
+//   - CRI (a.Namespace ""): the element before it is the pod's cgroup (pod<UID>, or a
+//     kubepods[-QOS]-pod<UID>.slice), with an optional QOS element (besteffort, burstable,
+//     kubepods-QOS.slice) and then kubepods or kubepods.slice before that; above kubepods (the
+//     kubelet's cgroupRoot) no element is a delegated systemd unit (*.service, *.scope) or a
+//     container. A path that starts with ".." may start at the pod's or QOS element.
+//   - containerd (a.PodUID ""): the path is /<namespace>/ID..., namespace a.Namespace if set.
+func cgroupOfContainer(p, id string, a Anchor) bool {
+	var els []string
+	outside := false
+	for _, el := range strings.Split(p, "/") {
+		switch {
+		case el == "" || el == ".":
+		case el == ".." && len(els) == 0:
+			outside = true
+		default:
+			els = append(els, el)
+		}
+	}
+	c := -1
+	for i, el := range els {
+		if owner, ok := elemContainer(el, id); ok {
+			if owner != id {
+				return false
+			}
+			c = i
+			break
+		}
+	}
+	if c < 0 {
+		return false
+	}
+	if a.PodUID == "" && c == 1 && !strings.HasPrefix(els[0], "kubepods") && (a.Namespace == "" || els[0] == a.Namespace) {
+		return true
+	}
+	if a.Namespace != "" && a.PodUID == "" {
+		return false
+	}
+	return criAnchored(els[:c], a.PodUID, outside)
+}
+
+// criAnchored reports whether above, the elements above a CRI container's own, end in its pod's
+// cgroup (uid "": any pod's) under the kubelet's kubepods, as cgroupOfContainer says.
+func criAnchored(above []string, uid string, outside bool) bool {
+	n := len(above)
+	if n == 0 || !isPodCgroup(above[n-1], uid) {
+		return false
+	}
+	rest := above[:n-1]
+	if len(rest) > 0 {
+		switch q := rest[len(rest)-1]; q {
+		case "besteffort", "burstable", "kubepods-besteffort.slice", "kubepods-burstable.slice":
+			rest = rest[:len(rest)-1]
+		}
+	}
+	if len(rest) == 0 {
+		return outside
+	}
+	if k := rest[len(rest)-1]; k != "kubepods" && k != "kubepods.slice" {
+		return false
+	}
+	for _, el := range rest[:len(rest)-1] {
+		if _, ok := elemContainer(el, ""); ok || strings.HasSuffix(el, ".service") || strings.HasSuffix(el, ".scope") {
+			return false
+		}
+	}
+	return true
+}
+
+// podCgroupElem is a pod's cgroup as the kubelet names it: pod<UID> (cgroupfs) or
+// kubepods[-QOS]-pod<UID with _ for ->.slice (systemd); the group is the UID as written there.
+var podCgroupElem = regexp.MustCompile(`^(?:pod([0-9A-Za-z_-]+)|kubepods(?:-besteffort|-burstable)?-pod([0-9A-Za-z_]+)\.slice)$`)
+
+// isPodCgroup reports whether el is the cgroup of the pod with UID uid ("": of any pod).
+func isPodCgroup(el, uid string) bool {
+	m := podCgroupElem.FindStringSubmatch(el)
+	if m == nil {
+		return false
+	}
+	if uid == "" {
+		return true
+	}
+	if m[1] != "" {
+		return m[1] == uid
+	}
+	return m[2] == strings.ReplaceAll(uid, "-", "_")
+}
+
 // HeldOnHost is what the running container id holds on the host whose / is at hostRoot ("":
 // this process's /), as a Need with PIDs and GPU only: its processes' PIDs in hostRoot's /proc
-// (ContainerPIDs: host PIDs when that is the host's procfs) and, with inv (the host's GPU
+// (ContainerPIDs with a: host PIDs when that is the host's procfs) and, with inv (the host's GPU
 // inventory; nil: none), the device memory they hold on each GPU (GPUNeedOfSource; inv must
 // speak the same PIDs: run in the host's PID namespace). Errors: no process of the container
 // there, ContainerPIDs', the inventory's.
-func HeldOnHost(hostRoot, id string, inv gpu.Inventory) (Need, error) {
+func HeldOnHost(hostRoot, id string, a Anchor, inv gpu.Inventory) (Need, error) {
 	var n Need
 	proc, err := HostPath(hostRoot, "/proc")
 	if err != nil {
 		return n, err
 	}
-	if n.PIDs, err = ContainerPIDs(proc, id); err != nil {
+	if n.PIDs, err = ContainerPIDs(proc, id, a); err != nil {
 		return n, err
 	}
 	if len(n.PIDs) == 0 {

@@ -3,6 +3,7 @@ package move
 import (
 	"archive/tar"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -262,49 +263,78 @@ func TestContainerPIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pids, err := ContainerPIDs(proc, id)
+	pids, err := ContainerPIDs(proc, id, Anchor{PodUID: "1"})
 	if err != nil || !reflect.DeepEqual(pids, []int{10, 11}) {
 		t.Errorf("ContainerPIDs = %v, %v; want [10 11]", pids, err)
 	}
-	if _, err := ContainerPIDs(proc, "abc"); err == nil {
+	if _, err := ContainerPIDs(proc, "abc", Anchor{}); err == nil {
 		t.Error("a 3-character id was accepted")
 	}
 	host := filepath.Dir(proc)
 	if err := os.Rename(proc, filepath.Join(host, "proc")); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := HeldOnHost(host, id, nil); err != nil || !reflect.DeepEqual(n.PIDs, []int{10, 11}) || n.GPU != nil {
+	if n, err := HeldOnHost(host, id, Anchor{PodUID: "1"}, nil); err != nil || !reflect.DeepEqual(n.PIDs, []int{10, 11}) || n.GPU != nil {
 		t.Errorf("HeldOnHost = %+v, %v", n, err)
 	}
-	if _, err := HeldOnHost(host, "ffffffffffffffff", nil); err == nil || !strings.Contains(err.Error(), "no process") {
+	if _, err := HeldOnHost(host, "ffffffffffffffff", Anchor{}, nil); err == nil || !strings.Contains(err.Error(), "no process") {
 		t.Errorf("HeldOnHost of a container not there: %v", err)
 	}
 }
 
 // TestContainerPIDsCgroups: each fixture of testdata/cgroup is one process's /proc/PID/cgroup;
 // the process is the container's only when its cgroup (or one below it) is the container's own,
-// in cgroup v1 or v2, cgroupfs or systemd: never a cgroup whose name merely contains the id, nor
-// one named after it below another container's (which that container's tenant could make).
+// anchored where the runtime puts it (in cgroup v1 or v2, cgroupfs or systemd, under a kubelet
+// cgroupRoot or seen from another cgroup namespace): below its pod's cgroup under kubepods (CRI),
+// or /NAMESPACE/ID at the root (containerd). Never a cgroup whose name merely contains the id,
+// one named after it below another container's (which that container's tenant could make), nor
+// one that a local user or service can make below its delegated systemd unit.
 func TestContainerPIDsCgroups(t *testing.T) {
-	const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const cri = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const plain = "victim-app-0001"
+	pod1 := Anchor{PodUID: "1"}
+	ns := Anchor{Namespace: "default"}
 	for _, tc := range []struct {
 		fixture string
+		id      string
+		anchor  Anchor
 		want    bool
 	}{
-		{"v1-cgroupfs", true},
-		{"v2-systemd", true},
-		{"v2-child-of-container", true},
-		{"v2-outside-cgroupns", true},
-		{"v2-other-container", false},
-		{"v2-pod", false},
-		{"lookalike-suffix", false},
-		{"lookalike-child", false},
-		{"lookalike-child-scope", false},
-		{"lookalike-v1-substring", false},
-		{"lookalike-service", false},
-		{"not-cgroup", false},
+		{"v1-cgroupfs", cri, pod1, true},
+		{"v1-cgroup-root", cri, pod1, true},
+		{"v2-systemd", cri, pod1, true},
+		{"v2-systemd-guaranteed", cri, pod1, true},
+		{"v2-child-of-container", cri, pod1, true},
+		{"v2-outside-cgroupns", cri, pod1, true},
+		{"v2-systemd", cri, Anchor{}, true},
+		{"v2-other-pod", cri, Anchor{}, true},
+		{"v2-other-pod", cri, pod1, false},
+		{"v2-systemd", cri, Anchor{PodUID: "2"}, false},
+		{"v2-other-container", cri, pod1, false},
+		{"v2-pod", cri, pod1, false},
+		{"lookalike-suffix", cri, pod1, false},
+		{"lookalike-child", cri, pod1, false},
+		{"lookalike-child-scope", cri, pod1, false},
+		{"lookalike-v1-substring", cri, pod1, false},
+		{"lookalike-service", cri, pod1, false},
+		{"user-delegation", cri, pod1, false},
+		{"user-delegation", cri, Anchor{}, false},
+		{"user-delegation-kubepods", cri, pod1, false},
+		{"podman-scope", cri, Anchor{}, false},
+		{"service-child", cri, Anchor{}, false},
+		{"root-child", cri, Anchor{}, false},
+		{"not-cgroup", cri, pod1, false},
+		{"containerd-ns", plain, ns, true},
+		{"containerd-ns", plain, Anchor{}, true},
+		{"containerd-ns-child", plain, ns, true},
+		{"containerd-ns", plain, Anchor{Namespace: "other"}, false},
+		{"containerd-ns", plain, pod1, false},
+		{"containerd-tenant-child", plain, ns, false},
+		{"containerd-tenant-child", plain, Anchor{}, false},
+		{"containerd-tenant-child-scope", plain, Anchor{}, false},
+		{"containerd-under-service", plain, Anchor{}, false},
 	} {
-		t.Run(tc.fixture, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%+v", tc.fixture, tc.anchor), func(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join("testdata", "cgroup", tc.fixture))
 			if err != nil {
 				t.Fatal(err)
@@ -316,12 +346,12 @@ func TestContainerPIDsCgroups(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(proc, "42", "cgroup"), b, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			pids, err := ContainerPIDs(proc, id)
+			pids, err := ContainerPIDs(proc, tc.id, tc.anchor)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := len(pids) == 1; got != tc.want {
-				t.Errorf("ContainerPIDs = %v for %q; want the process: %v", pids, b, tc.want)
+				t.Errorf("ContainerPIDs(%s, %+v) = %v for %q; want the process: %v", tc.id, tc.anchor, pids, b, tc.want)
 			}
 		})
 	}

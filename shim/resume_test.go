@@ -1,0 +1,134 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-dev/berth/oci/checkpoint"
+)
+
+// lockedRuncStub is runc's task service as containerd's runc shim serializes it: Checkpoint and
+// Resume take the init process's lock, so a Resume sent during a dump runs as soon as runc's
+// dump returns. Its dump blocks until release is closed, then fails (CRIU lost its page server).
+type lockedRuncStub struct {
+	taskAPI.TTRPCTaskService
+	bundle  string
+	procMu  sync.Mutex // the runc shim's Init.mu
+	mu      sync.Mutex
+	status  task.Status
+	entered chan struct{}
+	release chan struct{}
+	// inCheckpoint reports, when Resume runs, whether berth's checkpoint of the task was still
+	// in progress (the shim's post-dump steps, a refreeze among them, not done)
+	inCheckpoint func() bool
+	resumedMid   bool
+	resumed      chan struct{}
+}
+
+func (r *lockedRuncStub) State(context.Context, *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return &taskAPI.StateResponse{Bundle: r.bundle, Status: r.status}, nil
+}
+
+func (r *lockedRuncStub) Checkpoint(context.Context, *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	r.procMu.Lock()
+	defer r.procMu.Unlock()
+	close(r.entered)
+	<-r.release
+	return nil, errors.New("criu failed: the page server doesn't answer")
+}
+
+func (r *lockedRuncStub) Resume(context.Context, *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	r.procMu.Lock()
+	defer r.procMu.Unlock()
+	r.mu.Lock()
+	r.status = task.Status_RUNNING
+	r.resumedMid = r.inCheckpoint()
+	r.mu.Unlock()
+	close(r.resumed)
+	return &ptypes.Empty{}, nil
+}
+
+// TestResumeWaitsForCheckpoint: a caller that gave up on a checkpoint of its paused task (its
+// checkpoint call was cancelled; ttrpc does not cancel the shim's) and resumes it is let
+// through only once berth's checkpoint ended, after its failed dump froze the task's cgroup
+// again: a Resume that ran between runc's dump and that refreeze left a task containerd
+// reports running frozen (TestFltMigrateFaults/receiver-stalls-interrupted/copy).
+func TestResumeWaitsForCheckpoint(t *testing.T) {
+	bundle := t.TempDir()
+	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inner := &lockedRuncStub{bundle: bundle, status: task.Status_PAUSED,
+		entered: make(chan struct{}), release: make(chan struct{}), resumed: make(chan struct{})}
+	deps := testDeps(policy(t, true))
+	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
+	s := NewService(inner, DefaultConfig(), deps)
+	inner.inCheckpoint = func() bool {
+		s.leases.mu.Lock()
+		defer s.leases.mu.Unlock()
+		return s.leases.busy["c"] > 0
+	}
+	ckErr := make(chan error, 1)
+	go func() {
+		_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+		ckErr <- err
+	}()
+	<-inner.entered
+	resErr := make(chan error, 1)
+	go func() {
+		_, err := s.Resume(context.Background(), &taskAPI.ResumeRequest{ID: "c"})
+		resErr <- err
+	}()
+	select {
+	case <-inner.resumed:
+		t.Fatal("the task was resumed while CRIU dumped it")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(inner.release)
+	if err := <-ckErr; err == nil {
+		t.Fatal("the checkpoint succeeded; its dump failed")
+	}
+	if err := <-resErr; err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if inner.resumedMid {
+		t.Error("the task was resumed between the failed dump and the end of the checkpoint (its refreeze): it stays frozen while reported running")
+	}
+	if inner.status != task.Status_RUNNING {
+		t.Errorf("task %s after the resume", inner.status)
+	}
+
+	// a resume that gives up while a checkpoint is in progress says so
+	inner.entered, inner.release, inner.resumed = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+		ckErr <- err
+	}()
+	<-inner.entered
+	rel := time.AfterFunc(time.Second, func() { close(inner.release) })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err := s.Resume(ctx, &taskAPI.ResumeRequest{ID: "c"})
+	cancel()
+	stopped := rel.Stop() // the resume returned before the dump ended
+	if !stopped || err == nil {
+		t.Errorf("a resume whose context ended during a checkpoint did not give up then: %v", err)
+	}
+	if stopped {
+		close(inner.release)
+	}
+	<-ckErr
+}
