@@ -226,7 +226,7 @@ func removeTask(ctx context.Context, c *containerd.Client, ns, id string, task c
 	ctx = namespaces.WithNamespace(ctx, ns)
 	var errs []error
 	if task != nil {
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) && !taskGone(ctx, c, id) {
 			errs = append(errs, err)
 		}
 	}
@@ -237,6 +237,36 @@ func removeTask(ctx context.Context, c *containerd.Client, ns, id string, task c
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// taskGone says whether container id on c has no task any more, asking again for up to 5 s: a
+// task whose deletion failed because its shim went away under the call (the destination's lazy
+// guard removing it at the same time: "ttrpc: closed") is gone once containerd has cleaned up
+// after that shim, and a task still there is deleted once more meanwhile.
+func taskGone(ctx context.Context, c *containerd.Client, id string) bool {
+	for range 10 {
+		ctr, err := c.LoadContainer(ctx, id)
+		if errdefs.IsNotFound(err) {
+			return true
+		}
+		if err == nil {
+			task, err := ctr.Task(ctx, nil)
+			if errdefs.IsNotFound(err) {
+				return true
+			}
+			if err == nil {
+				if _, err := task.Delete(ctx, containerd.WithProcessKill); err == nil || errdefs.IsNotFound(err) {
+					return true
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return false
 }
 
 // RemoveContainer kills and deletes container id's task, if any, and removes the container
