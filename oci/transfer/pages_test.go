@@ -291,12 +291,7 @@ func TestPageStreamTLSAnswersMidStream(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the relay accepts only root's CRIU")
 	}
-	p := filepath.Join(t.TempDir(), "criu")
-	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\n" +
-		"head -c 5 <&3 >\"$3/pages-1.img\" && printf ack >&3 && cat <&3 >>\"$3/pages-1.img\" && printf ok >&3\n"
-	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	p := midStreamPageServer(t)
 	ca := newTestCA(t, "cluster-ca")
 	addr, _ := serve(t, &Receiver{Root: t.TempDir(), NoSync: true, CRIU: p}, serverTLS(t, ca.node(t, "node-a")))
 	conn, err := Dial(context.Background(), addr, clientTLS(t, ca.node(t, "node-b")))
@@ -418,12 +413,7 @@ func TestReadFrames(t *testing.T) {
 // again: the page server answers the first 5 bytes before the shim (here, the test) sends more,
 // and its last answer once the rest, several frames, arrived.
 func TestBridgePagesTLSAnswersMidStream(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "criu")
-	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\n" +
-		"head -c 5 <&3 >\"$3/pages-1.img\" && printf ack >&3 && cat <&3 >>\"$3/pages-1.img\" && printf ok >&3\n"
-	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	p := midStreamPageServer(t)
 	ca := newTestCA(t, "cluster-ca")
 	root := t.TempDir()
 	addr, _ := serve(t, &Receiver{Root: root, NoSync: true, CRIU: p}, serverTLS(t, ca.node(t, "node-a")))
@@ -462,4 +452,18 @@ func TestBridgePagesTLSAnswersMidStream(t *testing.T) {
 	if err := <-bridged; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// midStreamPageServer writes a stand-in for criu whose page server answers "ack" after the first
+// 5 bytes of the stream and "ok" after the rest (as CRIU's does mid-stream), keeping the bytes in
+// pages-1.img of its images directory, and returns its path.
+func midStreamPageServer(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n[ \"$1\" = page-server ] || exit 2\n" +
+		"head -c 5 <&3 >\"$3/pages-1.img\" && printf ack >&3 && cat <&3 >>\"$3/pages-1.img\" && printf ok >&3\n"
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

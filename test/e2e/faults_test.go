@@ -542,16 +542,7 @@ func TestFltMigrateFaults(t *testing.T) {
 	src, dst := c.Nodes[0], c.Nodes[1]
 	w := fltStart(t, ctx, src, "flt-m-src")
 
-	cases := []struct {
-		name  string
-		setup func(t *testing.T, name, mode string) fltMigrateSetup
-		// want are substrings of migrate's output (its error), per mode.
-		want func(s fltMigrateSetup, name, mode string) []string
-		// modes are the --mode values it runs with (default: the default mode, copy): the
-		// faults met during the transfer run in both, since copy mode sends the memory on a
-		// connection of its own, during the dump
-		modes []string
-	}{
+	cases := []fltMigrateCase{
 		{
 			name: "receiver-closes-early",
 			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
@@ -653,53 +644,14 @@ func TestFltMigrateFaults(t *testing.T) {
 				return []string{"dial receiver " + s.args[1], "connection refused"}
 			},
 		},
-		{
-			name: "receiver-stalls-interrupted",
-			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
-				addr := fltFakeReceiver(t, 0, true)
-				return fltMigrateSetup{args: []string{"--receiver", addr},
-					during: func(t *testing.T, cmd *exec.Cmd, ev *fltEvents) {
-						// the source is paused while migrate waits on the stalled receiver (copy
-						// mode: inside the dump, whose page stream stalls); the operator gives up
-						// and interrupts migrate, which must resume the source
-						ev.waitFor(t, "/tasks/paused", 30*time.Second)
-						time.Sleep(3 * time.Second)
-						_ = cmd.Process.Signal(os.Interrupt)
-					}}
-			},
-			want: func(s fltMigrateSetup, name, mode string) []string {
-				if mode == "copy" { // the page stream stalls inside the dump
-					return []string{"checkpoint flt-m-src", "context canceled"}
-				}
-				return []string{"send checkpoint to the destination", "context canceled"}
-			},
-			modes: []string{"stored", "copy"},
-		},
-		{
-			name: "receiver-stalls-interrupted-early",
-			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
-				addr := fltFakeReceiver(t, 0, true)
-				return fltMigrateSetup{args: []string{"--receiver", addr},
-					during: func(t *testing.T, cmd *exec.Cmd, ev *fltEvents) {
-						// the source is paused while migrate waits on the stalled receiver (copy
-						// mode: inside the dump, whose page stream stalls); the operator gives up
-						// and interrupts migrate, which must resume the source
-						// early in the dump (CRIU holds the task, its page stream stalled): runc lets
-						// migrate's resume through as soon as the failed dump returns, and the
-						// shim once froze the task again after that (shim: waitCheckpoint)
-						ev.waitFor(t, "/tasks/paused", 30*time.Second)
-						time.Sleep(1500 * time.Millisecond)
-						_ = cmd.Process.Signal(os.Interrupt)
-					}}
-			},
-			want: func(s fltMigrateSetup, name, mode string) []string {
-				if mode == "copy" { // the page stream stalls inside the dump
-					return []string{"checkpoint flt-m-src", "context canceled"}
-				}
-				return []string{"send checkpoint to the destination", "context canceled"}
-			},
-			modes: []string{"copy"},
-		},
+		// the source is paused while migrate waits on the stalled receiver (copy mode: inside
+		// the dump, whose page stream stalls); the operator gives up and interrupts migrate, which
+		// must resume the source
+		fltInterruptedCase("receiver-stalls-interrupted", 3*time.Second),
+		// early in the dump (CRIU holds the task, its page stream stalled): runc lets migrate's
+		// resume through as soon as the failed dump returns, and the shim once froze the task
+		// again after that (shim: waitCheckpoint)
+		fltInterruptedCase("receiver-stalls-interrupted-early", 1500*time.Millisecond),
 		{
 			name: "destination-socket-missing",
 			setup: func(t *testing.T, name, mode string) fltMigrateSetup {
@@ -720,6 +672,43 @@ func TestFltMigrateFaults(t *testing.T) {
 		for _, mode := range modes {
 			fltMigrateFault(t, ctx, w, tc.name, mode, tc.setup, tc.want)
 		}
+	}
+}
+
+// fltMigrateCase is one case of TestFltMigrateFaults.
+type fltMigrateCase struct {
+	name  string
+	setup func(t *testing.T, name, mode string) fltMigrateSetup
+	// want are substrings of migrate's output (its error), per mode.
+	want func(s fltMigrateSetup, name, mode string) []string
+	// modes are the --mode values it runs with (default: the default mode, copy): the
+	// faults met during the transfer run in both, since copy mode sends the memory on a
+	// connection of its own, during the dump
+	modes []string
+}
+
+// fltInterruptedCase is the case name: migrate toward a receiver that stalls, interrupted (SIGINT)
+// after the source has been paused for after; migrate must fail naming the cancel and resume the
+// source, in stored and copy mode.
+func fltInterruptedCase(name string, after time.Duration) fltMigrateCase {
+	return fltMigrateCase{
+		name: name,
+		setup: func(t *testing.T, _, _ string) fltMigrateSetup {
+			addr := fltFakeReceiver(t, 0, true)
+			return fltMigrateSetup{args: []string{"--receiver", addr},
+				during: func(t *testing.T, cmd *exec.Cmd, ev *fltEvents) {
+					ev.waitFor(t, "/tasks/paused", 30*time.Second)
+					time.Sleep(after)
+					_ = cmd.Process.Signal(os.Interrupt)
+				}}
+		},
+		want: func(_ fltMigrateSetup, _, mode string) []string {
+			if mode == "copy" { // the page stream stalls inside the dump
+				return []string{"checkpoint flt-m-src", "context canceled"}
+			}
+			return []string{"send checkpoint to the destination", "context canceled"}
+		},
+		modes: []string{"stored", "copy"},
 	}
 }
 
