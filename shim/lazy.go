@@ -296,7 +296,8 @@ func lockLazyRestore(dir string) (release func(), _ error) {
 // recordLazyTask writes the task record of a task restored lazily from checkpoint dir (its init
 // pid, cgroup, bundle, namespace, id and containerd's address) for the daemon's guard, which
 // kills it if its pages stop coming, and watches for that in the background: the guard's reason
-// (checkpoint.LazyFailedBundleFile in the bundle) is logged and put into the restore report.
+// (checkpoint.LazyFailedBundleFile in the bundle) is logged and put into the restore report,
+// once (lazyVerdict), by the watch or, at the latest, by the task's Delete.
 func (s *Service) recordLazyTask(ctx context.Context, id, bundle, dir string, pid int) {
 	lazyDir := checkpoint.LazyPagesDir(dir)
 	procs, err := cgroupProcs(pid)
@@ -311,33 +312,61 @@ func (s *Service) recordLazyTask(ctx context.Context, id, bundle, dir string, pi
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		return
 	}
-	go s.watchLazyTask(context.WithoutCancel(ctx), bundle, lazyDir)
+	v := &lazyVerdict{bundle: bundle}
+	s.mu.Lock()
+	if t := s.tasks[id]; t != nil {
+		t.lazy = v
+	}
+	s.mu.Unlock()
+	go s.watchLazyTask(context.WithoutCancel(ctx), v, lazyDir)
 }
 
 // lazyWatchPoll is how often a lazily restored task's shim looks for its guard's verdict.
 const lazyWatchPoll = 50 * time.Millisecond
 
-// watchLazyTask waits while lazyDir exists (the daemon serves the task's pages) for the guard's
-// reason in the bundle; found, it is logged and added to the restore report (LazyFailure).
-func (s *Service) watchLazyTask(ctx context.Context, bundle, lazyDir string) {
-	for {
-		_, derr := os.Stat(lazyDir)
-		if reason := lazyFailure(bundle); reason != "" {
-			log.G(ctx).WithField("lazy_failure", reason).Error("lazy restore: the memory pages stopped coming before all arrived; the task was killed before it could read a missing page")
-			for i := 0; i < 100; i++ { // Start writes the report once the GPUs are restored
-				if rep, err := os.ReadFile(filepath.Join(bundle, RestoreReportFile)); err == nil {
-					var r RestoreReport
-					if json.Unmarshal(rep, &r) == nil {
-						r.LazyFailure = reason
-						s.writeRestoreReport(ctx, bundle, r)
-					}
-					return
-				}
+// lazyVerdict is the lazy guard's verdict on one task restored lazily: the reason the guard
+// writes into the task's bundle before it kills the task. The guard removes the task's container
+// right after the kill, which can come between two polls of the watch; so Delete looks for the
+// reason too, and whichever finds it first reports it.
+type lazyVerdict struct {
+	bundle string
+	once   sync.Once
+}
+
+// report logs the guard's reason in v.bundle, if there is one and it was not reported yet, and
+// adds it to the restore report (RestoreReport.LazyFailure), trying tries times, lazyWatchPoll
+// apart, to find that report (Start writes it once the GPUs are restored). It returns whether
+// the bundle holds a reason.
+func (v *lazyVerdict) report(ctx context.Context, s *Service, tries int) bool {
+	reason := lazyFailure(v.bundle)
+	if reason == "" {
+		return false
+	}
+	v.once.Do(func() {
+		log.G(ctx).WithField("lazy_failure", reason).Error("lazy restore: the memory pages stopped coming before all arrived; the task was killed before it could read a missing page")
+		for i := 0; i < tries; i++ {
+			if i > 0 {
 				time.Sleep(lazyWatchPoll)
 			}
-			return
+			if rep, err := os.ReadFile(filepath.Join(v.bundle, RestoreReportFile)); err == nil {
+				var r RestoreReport
+				if json.Unmarshal(rep, &r) == nil {
+					r.LazyFailure = reason
+					s.writeRestoreReport(ctx, v.bundle, r)
+				}
+				return
+			}
 		}
-		if derr != nil {
+	})
+	return true
+}
+
+// watchLazyTask waits while lazyDir exists (the daemon serves the task's pages) for the guard's
+// reason in the bundle, and reports it (lazyVerdict.report).
+func (s *Service) watchLazyTask(ctx context.Context, v *lazyVerdict, lazyDir string) {
+	for {
+		_, derr := os.Stat(lazyDir)
+		if v.report(ctx, s, 100) || derr != nil {
 			return
 		}
 		time.Sleep(lazyWatchPoll)

@@ -2,11 +2,13 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
@@ -123,5 +125,60 @@ func TestLazyFailure(t *testing.T) {
 	}
 	if got := lazyFailure(bundle); got != "cut" {
 		t.Fatalf("%q, want cut", got)
+	}
+}
+
+// TestLazyVerdictReportedOnce: the guard's reason is reported once however many look for it
+// (the watch and Delete), and goes into the restore report; with no reason nothing is logged.
+func TestLazyVerdictReportedOnce(t *testing.T) {
+	ctx, logs := logCapture()
+	bundle := t.TempDir()
+	s := &Service{}
+	v := &lazyVerdict{bundle: bundle}
+	if v.report(ctx, s, 1) || logs.Len() != 0 {
+		t.Fatalf("no reason in the bundle: reported, log %q", logs.String())
+	}
+	if err := os.WriteFile(filepath.Join(bundle, RestoreReportFile), []byte(`{"totalMs":12}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile), []byte("the stream was cut\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if !v.report(ctx, s, 1) {
+			t.Fatalf("try %d: the reason in the bundle was not found", i)
+		}
+	}
+	if n := strings.Count(logs.String(), "memory pages stopped coming before all arrived"); n != 1 {
+		t.Errorf("reported %d times, want once:\n%s", n, logs.String())
+	}
+	b, err := os.ReadFile(filepath.Join(bundle, RestoreReportFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep RestoreReport
+	if err := json.Unmarshal(b, &rep); err != nil || rep.LazyFailure != "the stream was cut" || rep.TotalMs != 12 {
+		t.Errorf("restore report %s (%v): want the reason added and the rest kept", b, err)
+	}
+}
+
+// TestLazyWatchEndsWithoutVerdict: the watch ends once the lazy-pages directory is gone, with
+// nothing reported, so that Delete's look is the one that finds a reason written later.
+func TestLazyWatchEndsWithoutVerdict(t *testing.T) {
+	ctx, logs := logCapture()
+	bundle := t.TempDir()
+	v := &lazyVerdict{bundle: bundle}
+	done := make(chan struct{})
+	go func() { (&Service{}).watchLazyTask(ctx, v, filepath.Join(t.TempDir(), "gone")); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not end 10s after the lazy-pages directory was gone")
+	}
+	if err := os.WriteFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile), []byte("cut\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !v.report(ctx, &Service{}, 1) || !strings.Contains(logs.String(), "lazy_failure=cut") {
+		t.Errorf("the later look did not report the reason: %q", logs.String())
 	}
 }

@@ -126,6 +126,9 @@ type restoredTask struct {
 	// criuWork is the CRIU work directory the caller's runc options name ("" for the bundle):
 	// a failed restore quotes and keeps CRIU's restore.log from there.
 	criuWork string
+	// lazy is the lazy guard's verdict on a task restored lazily (post-copy); nil otherwise.
+	// Delete reports it if the watch has not (lazy.go).
+	lazy *lazyVerdict
 }
 
 // close releases what the record holds: the plan's extracted archive and the stdin FIFO.
@@ -507,8 +510,9 @@ func ownsNetns(spec *specs.Spec) bool {
 }
 
 // Delete deletes the task or exec. For a task created from a checkpoint it forgets the record:
-// a restore that never started is cleaned up, and the stdin FIFO held for it is closed once runc
-// deleted the task. Errors are runc's.
+// a restore that never started is cleaned up, the stdin FIFO held for it is closed once runc
+// deleted the task, and for a task restored lazily the lazy guard's reason for killing it, if the
+// shim's watch has not reported it yet, is reported now. Errors are runc's.
 func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	if r.ExecID == "" {
 		s.mu.Lock()
@@ -518,6 +522,9 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		s.mu.Unlock()
 		s.dropLease(r.ID)
 		if t != nil {
+			if t.lazy != nil {
+				t.lazy.report(ctx, s, 1)
+			}
 			if t.plan != nil {
 				t.plan.cleanup()
 			}

@@ -182,8 +182,15 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 			fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
 			// killed by the guard (SIGKILL: 137), not crashed on zeroed memory (a Go runtime
 			// reading zeros dies with a fatal error, exit status 2, or a signal other than KILL)
-			if got := exits(); len(got) != 1 || got[0] != 128+uint32(syscall.SIGKILL) {
-				t.Errorf("the destination task's exit statuses %v, want [137] (killed by the guard)", got)
+			// the exit event may trail the container's removal: give it a while
+			got := exits()
+			for end := time.Now().Add(10 * time.Second); len(got) == 0 && time.Now().Before(end); got = exits() {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if len(got) != 1 || got[0] != 128+uint32(syscall.SIGKILL) {
+				logNow, _ := os.ReadFile(dst.Log)
+				t.Errorf("the destination task's exit statuses %v, want [137] (killed by the guard); the destination's containerd log about %s:\n%s",
+					got, target, linesAbout(logNow[min(len(logBefore), len(logNow)):], target, 30))
 			}
 			if b, _ := os.ReadFile(taskLog); strings.Contains(string(b), "fatal error") || strings.Contains(string(b), "panic") || strings.Contains(string(b), "SIGSEGV") {
 				t.Errorf("the destination task crashed (it read missing pages?):\n%s", b)
@@ -210,6 +217,17 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 			t.Logf("left in the killed mover's work directory: %v", fltList(t, work))
 		})
 	}
+}
+
+// linesAbout is the last n lines of log that mention s, joined.
+func linesAbout(log []byte, s string, n int) string {
+	var out []string
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out[max(0, len(out)-n):], "\n")
 }
 
 // srcStatus is the status of n's task id.
