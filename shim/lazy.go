@@ -189,13 +189,27 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 // Resume thaws the task, after a checkpoint of it in progress (waitCheckpoint) and its lazy
 // dump, if any, ended (lazy.go).
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	if err := s.waitCheckpoint(ctx, r.ID); err != nil {
+	if err := s.waitCheckpoint(ctx, r.ID, "resuming"); err != nil {
 		return nil, wireError(err)
 	}
 	if err := s.waitLazy(ctx, r.ID); err != nil {
 		return nil, wireError(err)
 	}
 	return s.TTRPCTaskService.Resume(ctx, r)
+}
+
+// Pause freezes the task, after a checkpoint of it in progress ended (waitCheckpoint): runc's
+// shim lets a Pause through once runc's dump returned, but berth's checkpoint still has steps
+// on the task after that: the GPU session thaws a frozen task, gives it its GPUs back and
+// freezes it again (gpuSession.back), and a failed dump freezes a paused task again
+// (refreeze). A Pause in between would be undone by those steps, or freeze the task under a GPU
+// restore. A caller whose context ends first gets an error naming the checkpoint in progress.
+// Other errors are runc's.
+func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	if err := s.waitCheckpoint(ctx, r.ID, "pausing"); err != nil {
+		return nil, wireError(err)
+	}
+	return s.TTRPCTaskService.Pause(ctx, r)
 }
 
 // listening reports whether a TCP socket listens on addr (an IPv4 ADDR:PORT), from

@@ -208,8 +208,9 @@ func (s *Service) checkpointing(id string) func() {
 // lets a Resume through once CRIU exited, but a failed dump of a paused task then freezes its
 // cgroup again (checkpoint: refreeze), which would leave a task containerd reports running
 // frozen. The checkpoint call may outlive its caller (ttrpc does not carry a cancellation to the
-// shim): a caller that gave up and resumes waits for the dump to end.
-func (s *Service) waitCheckpoint(ctx context.Context, id string) error {
+// shim): a caller that gave up and resumes waits for the dump to end. Pause waits too (Pause).
+// action ("resuming", "pausing") names the caller's step in the log and the error.
+func (s *Service) waitCheckpoint(ctx context.Context, id, action string) error {
 	l := &s.leases
 	l.mu.Lock()
 	ch := l.ended[id]
@@ -217,12 +218,12 @@ func (s *Service) waitCheckpoint(ctx context.Context, id string) error {
 	if ch == nil {
 		return nil
 	}
-	log.G(ctx).WithField("id", id).Info("waiting for the checkpoint in progress to end before resuming the task")
+	log.G(ctx).WithField("id", id).Infof("waiting for the checkpoint in progress to end before %s the task", action)
 	select {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("resume %s: a checkpoint of the task is in progress: %w", id, ctx.Err())
+		return fmt.Errorf("%s %s: a checkpoint of the task is in progress: %w", action, id, ctx.Err())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ type lockedRuncStub struct {
 	inCheckpoint func() bool
 	resumedMid   bool
 	resumed      chan struct{}
+	// pausedMid and paused are Resume's for Pause
+	pausedMid bool
+	paused    chan struct{}
 }
 
 func (r *lockedRuncStub) State(context.Context, *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
@@ -58,6 +62,17 @@ func (r *lockedRuncStub) Resume(context.Context, *taskAPI.ResumeRequest) (*ptype
 	r.resumedMid = r.inCheckpoint()
 	r.mu.Unlock()
 	close(r.resumed)
+	return &ptypes.Empty{}, nil
+}
+
+func (r *lockedRuncStub) Pause(context.Context, *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	r.procMu.Lock()
+	defer r.procMu.Unlock()
+	r.mu.Lock()
+	r.status = task.Status_PAUSED
+	r.pausedMid = r.inCheckpoint()
+	r.mu.Unlock()
+	close(r.paused)
 	return &ptypes.Empty{}, nil
 }
 
@@ -131,4 +146,69 @@ func TestResumeWaitsForCheckpoint(t *testing.T) {
 		close(inner.release)
 	}
 	<-ckErr
+}
+
+// TestPauseWaitsForCheckpoint: a Pause sent while the shim checkpoints a running task reaches
+// runc only once berth's checkpoint ended, not as soon as runc's dump returned (the GPU
+// session's steps after the dump would run on a task frozen under them); one whose context
+// ends first says a checkpoint is in progress.
+func TestPauseWaitsForCheckpoint(t *testing.T) {
+	bundle := t.TempDir()
+	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inner := &lockedRuncStub{bundle: bundle, status: task.Status_RUNNING,
+		entered: make(chan struct{}), release: make(chan struct{}), paused: make(chan struct{})}
+	deps := testDeps(policy(t, true))
+	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
+	s := NewService(inner, DefaultConfig(), deps)
+	inner.inCheckpoint = func() bool {
+		s.leases.mu.Lock()
+		defer s.leases.mu.Unlock()
+		return s.leases.busy["c"] > 0
+	}
+	ckErr := make(chan error, 1)
+	go func() {
+		_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+		ckErr <- err
+	}()
+	<-inner.entered
+	pauseErr := make(chan error, 2)
+	pause := func(ctx context.Context) {
+		_, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "c"})
+		pauseErr <- err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	go pause(ctx)
+	select {
+	case err := <-pauseErr:
+		if err == nil || !strings.Contains(err.Error(), "a checkpoint of the task is in progress") {
+			t.Errorf("a pause whose context ended during a checkpoint: %v, want it to name the checkpoint in progress", err)
+		}
+	case <-time.After(time.Second):
+		close(inner.release)
+		t.Fatal("a pause whose context ended during a checkpoint did not return (it waits on runc's dump)")
+	}
+	go pause(context.Background())
+	select {
+	case <-inner.paused:
+		close(inner.release)
+		t.Fatal("the task was paused while CRIU dumped it")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(inner.release)
+	if err := <-ckErr; err == nil {
+		t.Fatal("the checkpoint succeeded; its dump failed")
+	}
+	if err := <-pauseErr; err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if inner.pausedMid {
+		t.Error("the task was paused between runc's dump and the end of berth's checkpoint")
+	}
+	if inner.status != task.Status_PAUSED {
+		t.Errorf("task %s after the pause", inner.status)
+	}
 }
