@@ -16,6 +16,7 @@ import (
 
 	apievents "github.com/containerd/containerd/api/events"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-dev/berth/test/node"
@@ -116,6 +117,7 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 				err error
 			}
 			probed := make(chan probe, 1)
+			var waited <-chan containerd.ExitStatus // the destination task's exit, from its shim's Wait
 			killed := make(chan struct{})
 			addr := stallProxy(t, rcv.addr, at, func() {
 				defer close(killed)
@@ -133,6 +135,11 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 				if pid == 0 {
 					t.Errorf("the destination task %s did not run within 30s of the stall", target)
 				} else {
+					if ch, err := waitTaskExit(ctx, dst, target); err != nil {
+						t.Errorf("wait for the destination task %s: %v", target, err)
+					} else {
+						waited = ch
+					}
 					go func() {
 						pctx, pcancel := context.WithTimeout(ctx, 60*time.Second)
 						defer pcancel()
@@ -182,15 +189,31 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 			fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
 			// killed by the guard (SIGKILL: 137), not crashed on zeroed memory (a Go runtime
 			// reading zeros dies with a fatal error, exit status 2, or a signal other than KILL)
-			// the exit event may trail the container's removal: give it a while
+			// killed by the guard (SIGKILL: 137), not crashed on zeroed memory (a Go runtime
+			// reading zeros dies with a fatal error, exit status 2, or a signal other than KILL):
+			// the shim's answer to Wait, asked while the task ran
+			if waited != nil {
+				select {
+				case st := <-waited:
+					if code, _, err := st.Result(); err != nil || code != 128+uint32(syscall.SIGKILL) {
+						t.Errorf("the destination task's exit status %d (%v), want 137 (killed by the guard)", code, err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Errorf("the destination task's Wait did not return 30s after the guard was gone")
+				}
+			}
+			// and containerd's /tasks/exit events, which may trail the container's removal
 			got := exits()
 			for end := time.Now().Add(10 * time.Second); len(got) == 0 && time.Now().Before(end); got = exits() {
 				time.Sleep(100 * time.Millisecond)
 			}
-			if len(got) != 1 || got[0] != 128+uint32(syscall.SIGKILL) {
+			switch {
+			case len(got) == 0:
 				logNow, _ := os.ReadFile(dst.Log)
-				t.Errorf("the destination task's exit statuses %v, want [137] (killed by the guard); the destination's containerd log about %s:\n%s",
-					got, target, linesAbout(logNow[min(len(logBefore), len(logNow)):], target, 30))
+				t.Logf("no /tasks/exit event for the destination task arrived (its Wait answered); the destination's containerd log about %s:\n%s",
+					target, linesAbout(logNow[min(len(logBefore), len(logNow)):], target, 30))
+			case len(got) != 1 || got[0] != 128+uint32(syscall.SIGKILL):
+				t.Errorf("the destination task's exit events %v, want [137] (killed by the guard)", got)
 			}
 			if b, _ := os.ReadFile(taskLog); strings.Contains(string(b), "fatal error") || strings.Contains(string(b), "panic") || strings.Contains(string(b), "SIGSEGV") {
 				t.Errorf("the destination task crashed (it read missing pages?):\n%s", b)
@@ -217,6 +240,37 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 			t.Logf("left in the killed mover's work directory: %v", fltList(t, work))
 		})
 	}
+}
+
+// waitTaskExit asks n's containerd for the exit of task id through the task's Wait (an answer
+// from its shim, not the event stream) and returns the channel that gets it.
+func waitTaskExit(ctx context.Context, n *node.Node, id string) (<-chan containerd.ExitStatus, error) {
+	cl, err := n.Client()
+	if err != nil {
+		return nil, err
+	}
+	ctx = namespaces.WithNamespace(ctx, node.Namespace)
+	ctr, err := cl.LoadContainer(ctx, id)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	ch, err := task.Wait(ctx)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	out := make(chan containerd.ExitStatus, 1)
+	go func() {
+		defer cl.Close()
+		out <- <-ch
+	}()
+	return out, nil
 }
 
 // linesAbout is the last n lines of log that mention s, joined.
