@@ -389,8 +389,10 @@ func logErrors(path string) string {
 // server; the relay forwards the stream to a receiver and digests it with
 // checkpoint.PageDigestDefault, which its header announces to the receiver.
 type PageRelay struct {
-	ln   net.Listener
-	done chan struct{}
+	ln net.Listener
+	// cancel ends the relay's context: Close, whether CRIU connected yet or not
+	cancel context.CancelFunc
+	done   chan struct{}
 	res  checkpoint.PageStream
 	err  error
 }
@@ -419,10 +421,12 @@ func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay
 	if err != nil {
 		return nil, fmt.Errorf("page relay for %s: %w", name, err)
 	}
-	p := &PageRelay{ln: ln, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &PageRelay{ln: ln, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		defer conn.Close()
+		defer cancel()
 		p.res, p.err = p.relay(ctx, conn)
 	}()
 	return p, nil
@@ -488,8 +492,14 @@ func (p *PageRelay) Wait(ctx context.Context) (checkpoint.PageStream, error) {
 	}
 }
 
-// Close stops the relay (a failed move); the receiver removes what it got.
-func (p *PageRelay) Close() { _ = p.ln.Close() }
+// Close stops the relay (a failed move): before CRIU connected it stops listening, during the
+// stream it closes both connections, so CRIU's dump fails and the receiver removes what it got;
+// Wait then returns the relay's error (context.Canceled when CRIU had connected). After the
+// stream ended it changes nothing.
+func (p *PageRelay) Close() {
+	p.cancel()
+	_ = p.ln.Close()
+}
 
 func underlying(c net.Conn) net.Conn {
 	if g, ok := c.(Greeted); ok {

@@ -282,6 +282,51 @@ func TestPageStreamCut(t *testing.T) {
 	assertRootClean(t, root)
 }
 
+// TestPageRelayCloseCutsLiveStream: Close during the stream (a move that failed elsewhere) cuts
+// it: CRIU's page client sees its connection end, Wait returns an error, and the receiver keeps
+// nothing.
+func TestPageRelayCloseCutsLiveStream(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t), IdleTimeout: 300 * time.Millisecond})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", relay.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(bytes.Repeat([]byte("page"), 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	relay.Close()
+	ended := make(chan error, 1)
+	go func() { // CRIU's page client, still sending: its connection ends
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		var err error
+		for err == nil {
+			_, err = c.Write(bytes.Repeat([]byte("page"), 16<<10))
+		}
+		ended <- err
+	}()
+	if err := <-ended; errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("CRIU's page client could still send 10s after Close")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := relay.Wait(ctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("relay.Wait after Close mid-stream = %v, want the relay's error", err)
+	}
+	if o := wait(t, out); o.err == nil {
+		t.Fatal("receiver reported no error for a page stream that was cut")
+	}
+	assertRootClean(t, root)
+}
+
 // TestPageStreamTLSAnswersMidStream: over mutual TLS the relay gathers the TLS records of each
 // frame into larger writes, but flushes every frame: CRIU's page client waits for the page
 // server's answers mid-stream (PS_IOV_OPEN2, flushes), so a frame left in the relay's buffer
