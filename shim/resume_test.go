@@ -76,19 +76,17 @@ func (r *lockedRuncStub) Pause(context.Context, *taskAPI.PauseRequest) (*ptypes.
 	return &ptypes.Empty{}, nil
 }
 
-// TestResumeWaitsForCheckpoint: a caller that gave up on a checkpoint of its paused task (its
-// checkpoint call was cancelled; ttrpc does not cancel the shim's) and resumes it is let
-// through only once berth's checkpoint ended, after its failed dump froze the task's cgroup
-// again: a Resume that ran between runc's dump and that refreeze left a task containerd
-// reports running frozen (TestFltMigrateFaults/receiver-stalls-interrupted/copy).
-func TestResumeWaitsForCheckpoint(t *testing.T) {
+// checkpointInProgress returns a shim over a lockedRuncStub whose task "c" is in status, with a
+// checkpoint of it started and inside runc's dump (which fails once inner.release is closed);
+// the checkpoint's error comes on the channel.
+func checkpointInProgress(t *testing.T, status task.Status) (*Service, *lockedRuncStub, chan error) {
+	t.Helper()
 	bundle := t.TempDir()
 	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	inner := &lockedRuncStub{bundle: bundle, status: task.Status_PAUSED,
-		entered: make(chan struct{}), release: make(chan struct{}), resumed: make(chan struct{})}
+	inner := &lockedRuncStub{bundle: bundle, status: status, entered: make(chan struct{}), release: make(chan struct{})}
 	deps := testDeps(policy(t, true))
 	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
 	s := NewService(inner, DefaultConfig(), deps)
@@ -103,6 +101,17 @@ func TestResumeWaitsForCheckpoint(t *testing.T) {
 		ckErr <- err
 	}()
 	<-inner.entered
+	return s, inner, ckErr
+}
+
+// TestResumeWaitsForCheckpoint: a caller that gave up on a checkpoint of its paused task (its
+// checkpoint call was cancelled; ttrpc does not cancel the shim's) and resumes it is let
+// through only once berth's checkpoint ended, after its failed dump froze the task's cgroup
+// again: a Resume that ran between runc's dump and that refreeze left a task containerd
+// reports running frozen (TestFltMigrateFaults/receiver-stalls-interrupted/copy).
+func TestResumeWaitsForCheckpoint(t *testing.T) {
+	s, inner, ckErr := checkpointInProgress(t, task.Status_PAUSED)
+	inner.resumed = make(chan struct{})
 	resErr := make(chan error, 1)
 	go func() {
 		_, err := s.Resume(context.Background(), &taskAPI.ResumeRequest{ID: "c"})
@@ -153,27 +162,8 @@ func TestResumeWaitsForCheckpoint(t *testing.T) {
 // session's steps after the dump would run on a task frozen under them); one whose context
 // ends first says a checkpoint is in progress.
 func TestPauseWaitsForCheckpoint(t *testing.T) {
-	bundle := t.TempDir()
-	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	inner := &lockedRuncStub{bundle: bundle, status: task.Status_RUNNING,
-		entered: make(chan struct{}), release: make(chan struct{}), paused: make(chan struct{})}
-	deps := testDeps(policy(t, true))
-	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
-	s := NewService(inner, DefaultConfig(), deps)
-	inner.inCheckpoint = func() bool {
-		s.leases.mu.Lock()
-		defer s.leases.mu.Unlock()
-		return s.leases.busy["c"] > 0
-	}
-	ckErr := make(chan error, 1)
-	go func() {
-		_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
-		ckErr <- err
-	}()
-	<-inner.entered
+	s, inner, ckErr := checkpointInProgress(t, task.Status_RUNNING)
+	inner.paused = make(chan struct{})
 	pauseErr := make(chan error, 2)
 	pause := func(ctx context.Context) {
 		_, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "c"})
