@@ -1,5 +1,7 @@
 // Package shim is berth's containerd task service (runtime type io.containerd.berth.v2). It wraps
-// containerd's runc task service, so every task API call behaves as with io.containerd.runc.v2,
+// containerd's runc task service, so every task API call behaves as with io.containerd.runc.v2
+// except that Pause and Resume wait for a checkpoint of the task in progress to end, and Kill
+// and Resume for a lazy dump's page transfer (runc's shim holds them only for runc's own dump),
 // and adds:
 //
 //   - Checkpoint: after runc/CRIU dumped the container, it writes its own rootfs diff (the
@@ -20,6 +22,9 @@
 //     its limits) and restored by CRIU in Start instead of being started fresh, from the directory
 //     Create verified, held open. A checkpoint handed over by containerd itself (ctr containers
 //     restore) is admitted the same way; one without a berth manifest only under allow_unsigned.
+//   - Pause leases (lease.go): a mover that pauses a task grants it a lease through Update
+//     annotations; a task still paused when its lease ends (the mover died) is resumed, or
+//     killed once the move committed, and a lazy dump nobody ever connected to is abandoned.
 //   - A per-container CRIU configuration file (runc's org.criu.config annotation) so that open TCP
 //     connections are closed, not dumped: a container moved to another node cannot keep them.
 //   - GPU steps, for a container with GPUs and a GPU backend (gpu.Backend): before the dump a GPU

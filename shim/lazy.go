@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -106,9 +108,7 @@ func (s *Service) dumpLazy(ctx context.Context, r *taskAPI.CheckpointTaskRequest
 // server and hangs up (CRIU then fails the transfer and leaves the task as it was), waits for
 // runc, and gives the GPUs back.
 func (ld *lazyDump) abort(ctx context.Context) {
-	if c, err := net.DialTimeout("tcp", ld.addr, time.Second); err == nil {
-		c.Close()
-	}
+	ld.hangUp()
 	err := <-ld.runc
 	log.G(ctx).WithError(err).Warn("lazy dump abandoned: the checkpoint could not be completed")
 	if ld.paused {
@@ -119,6 +119,33 @@ func (ld *lazyDump) abort(ctx context.Context) {
 	if ld.g != nil {
 		ld.g.abort(ctx)
 	}
+}
+
+// hangUp connects to CRIU's lazy page server and hangs up: CRIU, which serves the first
+// connection it accepts, then fails the transfer and lets the task go (runc's checkpoint
+// returns an error). Once a client is being served CRIU no longer listens, and this changes
+// nothing.
+func (ld *lazyDump) hangUp() {
+	if c, err := net.DialTimeout("tcp", ld.addr, time.Second); err == nil {
+		c.Close()
+	}
+}
+
+// abortUnclaimedLazyDump abandons task id's lazy dump if CRIU's lazy page server still waits
+// for its first client (listening, from /proc/net/tcp): called when the task's pause lease ended
+// (its mover is gone, so no relay will ever connect). The dump then ends as a failed transfer
+// (handOff: the task frozen as before, its GPUs given back) and the lease's next look resumes
+// the task.
+func (s *Service) abortUnclaimedLazyDump(id string) {
+	s.mu.Lock()
+	ld := s.lazy[id]
+	s.mu.Unlock()
+	if ld == nil || !listening(ld.addr) {
+		return
+	}
+	log.L.WithFields(log.Fields{"id": id, "lazy_page_server": ld.addr}).
+		Warn("pause lease ended while CRIU's lazy page server still waits for its first client (the move that paused the task is gone): abandoning the lazy dump")
+	ld.hangUp()
 }
 
 // handOff registers the dump on s and lets it finish in the background: once runc's checkpoint
@@ -343,35 +370,39 @@ const lazyWatchPoll = 50 * time.Millisecond
 // right after the kill, which can come between two polls of the watch; so Delete looks for the
 // reason too, and whichever finds it first reports it.
 type lazyVerdict struct {
-	bundle string
-	once   sync.Once
+	bundle  string
+	claimed atomic.Bool
 }
 
-// report logs the guard's reason in v.bundle, if there is one and it was not reported yet, and
+// report logs the guard's reason in v.bundle, if there is one and no one reported it yet, and
 // adds it to the restore report (RestoreReport.LazyFailure), trying tries times, lazyWatchPoll
-// apart, to find that report (Start writes it once the GPUs are restored). It returns whether
-// the bundle holds a reason.
+// apart, to find a report that parses (Start writes it once the GPUs are restored, with the
+// reason if the guard had written it by then). It returns whether the bundle holds a reason; a
+// caller that finds the reason already claimed returns at once.
 func (v *lazyVerdict) report(ctx context.Context, s *Service, tries int) bool {
 	reason := lazyFailure(v.bundle)
 	if reason == "" {
 		return false
 	}
-	v.once.Do(func() {
-		log.G(ctx).WithField("lazy_failure", reason).Error("lazy restore: the memory pages stopped coming before all arrived; the task was killed before it could read a missing page")
-		for i := 0; i < tries; i++ {
-			if i > 0 {
-				time.Sleep(lazyWatchPoll)
-			}
-			if rep, err := os.ReadFile(filepath.Join(v.bundle, RestoreReportFile)); err == nil {
-				var r RestoreReport
-				if json.Unmarshal(rep, &r) == nil {
-					r.LazyFailure = reason
-					s.writeRestoreReport(ctx, v.bundle, r)
-				}
-				return
-			}
+	if !v.claimed.CompareAndSwap(false, true) {
+		return true
+	}
+	log.G(ctx).WithField("lazy_failure", reason).Error("lazy restore: the memory pages stopped coming before all arrived; the task was killed before it could read a missing page")
+	for i := 0; i < tries; i++ {
+		if i > 0 {
+			time.Sleep(lazyWatchPoll)
 		}
-	})
+		rep, err := os.ReadFile(filepath.Join(v.bundle, RestoreReportFile))
+		var r RestoreReport
+		if err != nil || json.Unmarshal(rep, &r) != nil {
+			continue
+		}
+		if r.LazyFailure == "" {
+			r.LazyFailure = reason
+			s.writeRestoreReport(ctx, v.bundle, r)
+		}
+		return true
+	}
 	return true
 }
 
@@ -387,11 +418,23 @@ func (s *Service) watchLazyTask(ctx context.Context, v *lazyVerdict, lazyDir str
 	}
 }
 
-// lazyFailure is the guard's reason in bundle (checkpoint.LazyFailedBundleFile), "" if none.
+// lazyFailure is the guard's reason in bundle (checkpoint.LazyFailedBundleFile: a regular file,
+// not followed if a symbolic link, its first maxLazyFailure bytes), "" if none.
 func lazyFailure(bundle string) string {
-	b, _ := os.ReadFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile))
+	f, err := os.OpenFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return ""
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, maxLazyFailure))
 	return strings.TrimSpace(string(b))
 }
+
+// maxLazyFailure bounds the guard's reason read from a bundle, in bytes.
+const maxLazyFailure = 4 << 10
 
 // cgroupProcs returns the cgroup.procs file of the cgroup of pid: v1's freezer hierarchy, else
 // the unified (v2) one, from /proc/PID/cgroup.

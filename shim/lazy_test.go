@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +181,77 @@ func TestLazyWatchEndsWithoutVerdict(t *testing.T) {
 	}
 	if !v.report(ctx, &Service{}, 1) || !strings.Contains(logs.String(), "lazy_failure=cut") {
 		t.Errorf("the later look did not report the reason: %q", logs.String())
+	}
+}
+
+// TestLazyVerdictDoesNotWaitForTheWatch: Delete's look returns at once while the watch, which
+// claimed the reason, waits for Start's report; a report that does not parse yet (read
+// mid-write) is waited for, not taken as missing.
+func TestLazyVerdictDoesNotWaitForTheWatch(t *testing.T) {
+	ctx, _ := logCapture()
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, checkpoint.LazyFailedBundleFile), []byte("cut\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, RestoreReportFile), []byte(`{"totalMs":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, s := &lazyVerdict{bundle: bundle}, &Service{}
+	watched := make(chan struct{})
+	go func() { v.report(ctx, s, 100); close(watched) }()
+	for !v.claimed.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	if !v.report(ctx, s, 1) {
+		t.Fatal("Delete's look did not find the reason")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Delete's look waited %v behind the watch", d)
+	}
+	s.writeRestoreReport(ctx, bundle, RestoreReport{TotalMs: 12})
+	<-watched
+	b, _ := os.ReadFile(filepath.Join(bundle, RestoreReportFile))
+	var rep RestoreReport
+	if err := json.Unmarshal(b, &rep); err != nil || rep.LazyFailure != "cut" {
+		t.Errorf("restore report %s (%v): the reason was lost to a report read mid-write", b, err)
+	}
+}
+
+// TestLazyFailureHardened: the guard's reason is read from a regular file only, not through a
+// symbolic link or from a FIFO, and at most maxLazyFailure bytes of it.
+func TestLazyFailureHardened(t *testing.T) {
+	bundle := t.TempDir()
+	target := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(target, []byte("forged"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(bundle, checkpoint.LazyFailedBundleFile)
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	if got := lazyFailure(bundle); got != "" {
+		t.Errorf("read through a symbolic link: %q", got)
+	}
+	os.Remove(path)
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() { done <- lazyFailure(bundle) }()
+	select {
+	case got := <-done:
+		if got != "" {
+			t.Errorf("read from a FIFO: %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("lazyFailure blocked on a FIFO")
+	}
+	os.Remove(path)
+	if err := os.WriteFile(path, []byte(strings.Repeat("x", 1<<20)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := lazyFailure(bundle); len(got) != maxLazyFailure {
+		t.Errorf("read %d bytes of a 1 MiB reason, want %d", len(got), maxLazyFailure)
 	}
 }

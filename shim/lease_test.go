@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -229,5 +231,56 @@ func TestLeasedCheckpointDir(t *testing.T) {
 		if got := leasedCheckpointDir(tc.images, tc.work, "/bundle"); got != tc.want {
 			t.Errorf("leasedCheckpointDir(%q, %q) = %q, want %q", tc.images, tc.work, got, tc.want)
 		}
+	}
+}
+
+// TestLeaseAbandonsUnclaimedLazyDump: a pause lease that ends while a lazy dump of its task is
+// still waiting for its first client (the mover died before its relay connected) hangs up on
+// CRIU's lazy page server, so that the dump fails and the task can be resumed; it leaves a dump
+// that serves a client alone.
+func TestLeaseAbandonsUnclaimedLazyDump(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0") // CRIU's lazy page server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	stub := &pausedStub{paused: true, resumed: make(chan struct{})}
+	s := NewService(stub, Config{}, Deps{})
+	s.lazy = map[string]*lazyDump{"t": {id: "t", addr: ln.Addr().String()}}
+	release := s.checkpointing("t") // the lazy dump holds the task until CRIU lets go
+	defer release()
+	if _, err := s.Update(t.Context(), leaseUpdate("100ms")); err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			accepted <- err
+			return
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		if err != io.EOF {
+			t.Fatalf("the client that connected to CRIU's lazy page server: %v, want it to hang up (EOF)", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ended lease did not hang up on the lazy dump nobody connected to")
+	}
+	select {
+	case <-stub.resumed:
+		t.Fatal("the task was resumed while its dump still held it")
+	default:
+	}
+	release() // CRIU failed the transfer: the dump ends
+	select {
+	case <-stub.resumed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the task was not resumed once its abandoned dump ended")
 	}
 }

@@ -488,11 +488,35 @@ func restoreFields(rep RestoreReport) log.Fields {
 func (s *Service) writeRestoreReport(ctx context.Context, bundle string, rep RestoreReport) {
 	b, err := json.Marshal(rep)
 	if err == nil {
-		err = os.WriteFile(filepath.Join(bundle, RestoreReportFile), append(b, '\n'), 0o600)
+		// whole or not at all: the lazy watch may read it meanwhile (lazyVerdict.report)
+		err = replaceFile(filepath.Join(bundle, RestoreReportFile), append(b, '\n'))
 	}
 	if err != nil {
 		log.G(ctx).WithError(err).WithFields(restoreFields(rep)).Warn("restore report not written")
 	}
+}
+
+// replaceFile replaces path with data (mode 0600) through a temporary file in the same directory
+// renamed over it, so that a reader sees the old content or the new, never a part. Not synced:
+// the bundle lives as long as the task, and the file is a report.
+func replaceFile(path string, data []byte) (retErr error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // ownsNetns reports whether the spec gives the container a network namespace of its own that

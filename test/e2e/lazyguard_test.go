@@ -284,6 +284,54 @@ func linesAbout(log []byte, s string, n int) string {
 	return strings.Join(out[max(0, len(out)-n):], "\n")
 }
 
+// TestLazyModeMoverKilledBeforeRelay kills `berthctl migrate --lazy` after the shim's
+// checkpoint returned (CRIU's lazy page server listens, the source frozen under it) but before
+// the mover's relay connected to it: during the checkpoint's send to the receiver, stalled by a
+// proxy. CRIU would wait for a client for good; the source's pause lease (3 s) ends, hangs up on
+// CRIU's lazy page server, and once the failed dump let go the source is resumed: it runs and
+// serves, and the destination holds nothing of the move.
+func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
+	c := needCluster(t)
+	lazyPipes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	id := "lazykill-before-relay"
+	target, name := id+"-moved", id+"-ck"
+	w := copyFaultWorkload(t, ctx, src, id, 64)
+	stampDirExists(t, dst)
+	before := fltDstState(t, ctx, dst)
+	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+	cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
+		"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--id", target, "--work-dir", t.TempDir(), "--name", name)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	addr := stallProxy(t, rcv.addr, 64<<10, func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		t.Logf("SIGKILLed berthctl migrate %d during the checkpoint's send", cmd.Process.Pid)
+	})
+	cmd.Args = append(cmd.Args, "--receiver", addr, id)
+	fltNoErr(t, cmd.Start())
+	if err := cmd.Wait(); err == nil {
+		t.Fatalf("berthctl migrate ended successfully although it was killed:\n%s", out.String())
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := srcStatus(ctx, src, id)
+		if err == nil && st == containerd.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source %s is %q (%v) 60s after the mover died before its relay connected; its pause lease should have abandoned the lazy dump and resumed it", id, st, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	w.requireServing(t, ctx)
+	rcv.kill()
+	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+}
+
 // srcStatus is the status of n's task id.
 func srcStatus(ctx context.Context, n *node.Node, id string) (containerd.ProcessStatus, error) {
 	_, st, err := n.TaskPID(ctx, id)

@@ -16,6 +16,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/berth-dev/berth/cmd/berthctl/move"
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -161,14 +162,21 @@ A receiver with all its slots in use answers busy: nothing is sent; try again la
 }
 
 // sendOn streams a checkpoint directory, or with criArchive the CRI checkpoint archive at dir,
-// over conn (greeted: transfer.Dial), showing progress (bytes sent) on progress.
+// over conn (greeted: transfer.Dial), showing progress (bytes sent) on progress when it is a
+// terminal (a bar redrawn with carriage returns only clutters a log or a pipe).
 func sendOn(ctx context.Context, progress io.Writer, conn net.Conn, dir, name string, criArchive bool) (int64, error) {
+	if f, ok := progress.(*os.File); !ok || !term.IsTerminal(int(f.Fd())) {
+		progress = nil
+	}
 	var bar *progressbar.ProgressBar
 	send := transfer.Send
 	if criArchive {
 		send = transfer.SendCRIArchive
 	}
 	res, err := send(ctx, conn, dir, name, func(sent, total int64) {
+		if progress == nil {
+			return
+		}
 		if bar == nil {
 			bar = progressbar.NewOptions64(total, progressbar.OptionSetDescription("sending "+name),
 				progressbar.OptionShowBytes(true), progressbar.OptionSetWriter(progress),
