@@ -223,17 +223,7 @@ func TestLazyModeBerthctlKilled(t *testing.T) {
 				t.Errorf("the destination's containerd log (%s) holds no report of the killed lazy task", dst.Log)
 			}
 			// the source's pause lease (5s) resumes it
-			deadline = time.Now().Add(60 * time.Second)
-			for {
-				st, err := srcStatus(ctx, src, id)
-				if err == nil && st == containerd.Running {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the source %s is %q (%v) 60s after the mover died; its pause lease should have resumed it", id, st, err)
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			requireSourceRunning(t, ctx, src, id, "its pause lease should have resumed it")
 			w.requireServing(t, ctx)
 			// the mover's own work directory (the non-memory images) stays: nothing outlives
 			// the mover on the source to remove it
@@ -316,20 +306,27 @@ func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
 	if err := cmd.Wait(); err == nil {
 		t.Fatalf("berthctl migrate ended successfully although it was killed:\n%s", out.String())
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, err := srcStatus(ctx, src, id)
-		if err == nil && st == containerd.Running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the source %s is %q (%v) 60s after the mover died before its relay connected; its pause lease should have abandoned the lazy dump and resumed it", id, st, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	requireSourceRunning(t, ctx, src, id, "its pause lease should have abandoned the lazy dump (the mover died before its relay connected) and resumed it")
 	w.requireServing(t, ctx)
 	rcv.kill()
 	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+}
+
+// requireSourceRunning waits up to 60 s after a mover died for n's task id to run again, and
+// fails the test saying why it should have (why) if it does not.
+func requireSourceRunning(t *testing.T, ctx context.Context, n *node.Node, id, why string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := srcStatus(ctx, n, id)
+		if err == nil && st == containerd.Running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source %s is %q (%v) 60s after the mover died; %s", id, st, err, why)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // srcStatus is the status of n's task id.
