@@ -41,8 +41,12 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 			}
 		}
 	}()
-	cleanups = append(cleanups, s.checkpointing(r.ID)) // a pause lease never resumes a task CRIU is dumping
+	// a pause lease never resumes a task CRIU is dumping; a Pause either froze the task before
+	// its state is read here or waits for the checkpoint's end (gate)
+	ungate := s.gate(r.ID)
+	cleanups = append(cleanups, s.checkpointing(r.ID))
 	st, err := s.checkpointable(ctx, r)
+	ungate()
 	if err != nil {
 		return err
 	}

@@ -231,12 +231,23 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 // freezes it again (gpuSession.back), and a failed dump freezes a paused task again
 // (refreeze). A Pause in between would be undone by those steps, or freeze the task under a GPU
 // restore. A caller whose context ends first gets an error naming the checkpoint in progress.
-// Other errors are runc's.
+// The look for a checkpoint and the freeze happen under the task's gate (Service.gate), so a
+// checkpoint that starts meanwhile reads the task's state after the freeze, or the Pause waits
+// for it. Other errors are runc's.
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	if err := s.waitCheckpoint(ctx, r.ID, "pausing"); err != nil {
-		return nil, wireError(err)
+	for {
+		if err := s.waitCheckpoint(ctx, r.ID, "pausing"); err != nil {
+			return nil, wireError(err)
+		}
+		ungate := s.gate(r.ID)
+		if s.checkpointInProgress(r.ID) { // one started between the wait and the gate
+			ungate()
+			continue
+		}
+		resp, err := s.TTRPCTaskService.Pause(ctx, r)
+		ungate()
+		return resp, err
 	}
-	return s.TTRPCTaskService.Pause(ctx, r)
 }
 
 // listening reports whether a TCP socket listens on addr (an IPv4 ADDR:PORT), from

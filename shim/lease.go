@@ -32,6 +32,9 @@ type leases struct {
 	busy   map[string]int // tasks being checkpointed now
 	// ended[id] is closed when the last checkpoint of task id in progress ends (waitCheckpoint)
 	ended map[string]chan struct{}
+	// gates[id] orders Pause against a checkpoint's start (gate): held across Pause's look at
+	// busy and its freeze, and across a checkpoint's registration and its read of the state
+	gates map[string]*sync.Mutex
 }
 
 type lease struct {
@@ -231,7 +234,7 @@ func (s *Service) waitCheckpoint(ctx context.Context, id, action string) error {
 	}
 }
 
-// dropLease forgets id's pause lease (the task is deleted).
+// dropLease forgets id's pause lease and gate (the task is deleted).
 func (s *Service) dropLease(id string) {
 	l := &s.leases
 	l.mu.Lock()
@@ -240,4 +243,33 @@ func (s *Service) dropLease(id string) {
 		old.timer.Stop()
 		delete(l.byTask, id)
 	}
+	delete(l.gates, id)
+}
+
+// gate locks task id's gate and returns its unlock: a checkpoint holds it while it registers
+// (checkpointing) and reads the task's state, Pause while it looks for a checkpoint in progress
+// and freezes the task, so that a Pause never freezes a task between a checkpoint's start and
+// its look at the state (the checkpoint would take a frozen task for a running one).
+func (s *Service) gate(id string) func() {
+	l := &s.leases
+	l.mu.Lock()
+	if l.gates == nil {
+		l.gates = map[string]*sync.Mutex{}
+	}
+	g := l.gates[id]
+	if g == nil {
+		g = &sync.Mutex{}
+		l.gates[id] = g
+	}
+	l.mu.Unlock()
+	g.Lock()
+	return g.Unlock
+}
+
+// checkpointInProgress reports whether a checkpoint of task id is in progress (checkpointing).
+func (s *Service) checkpointInProgress(id string) bool {
+	l := &s.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.busy[id] > 0
 }

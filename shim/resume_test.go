@@ -202,3 +202,71 @@ func TestPauseWaitsForCheckpoint(t *testing.T) {
 		t.Errorf("task %s after the pause", inner.status)
 	}
 }
+
+// pauseRaceStub is runc's task service for one task whose Pause blocks, once entered, until
+// pauseRelease is closed; State records what it answered, and the dump fails at once.
+type pauseRaceStub struct {
+	taskAPI.TTRPCTaskService
+	bundle                     string
+	mu                         sync.Mutex
+	status                     task.Status
+	seen                       []task.Status
+	pauseEntered, pauseRelease chan struct{}
+}
+
+func (r *pauseRaceStub) State(context.Context, *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, r.status)
+	return &taskAPI.StateResponse{Bundle: r.bundle, Status: r.status}, nil
+}
+
+func (r *pauseRaceStub) Pause(context.Context, *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	close(r.pauseEntered)
+	<-r.pauseRelease
+	r.mu.Lock()
+	r.status = task.Status_PAUSED
+	r.mu.Unlock()
+	return &ptypes.Empty{}, nil
+}
+
+func (r *pauseRaceStub) Checkpoint(context.Context, *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	return nil, errors.New("criu failed")
+}
+
+// TestPauseBeforeCheckpointStart: a checkpoint that starts while a Pause is freezing the task
+// reads the task's state only after the freeze (the task's gate), so it takes the task for
+// what it is, paused, and not for the running task it was a moment before.
+func TestPauseBeforeCheckpointStart(t *testing.T) {
+	bundle := t.TempDir()
+	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inner := &pauseRaceStub{bundle: bundle, status: task.Status_RUNNING, pauseEntered: make(chan struct{}), pauseRelease: make(chan struct{})}
+	deps := testDeps(policy(t, true))
+	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
+	s := NewService(inner, DefaultConfig(), deps)
+	paused := make(chan error, 1)
+	go func() {
+		_, err := s.Pause(context.Background(), &taskAPI.PauseRequest{ID: "c"})
+		paused <- err
+	}()
+	<-inner.pauseEntered
+	ckErr := make(chan error, 1)
+	go func() {
+		_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+		ckErr <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the checkpoint has started
+	close(inner.pauseRelease)
+	if err := <-paused; err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	<-ckErr
+	inner.mu.Lock()
+	defer inner.mu.Unlock()
+	if len(inner.seen) == 0 || inner.seen[0] != task.Status_PAUSED {
+		t.Errorf("the checkpoint read the task's state as %v while a Pause was freezing it, want PAUSED first", inner.seen)
+	}
+}
