@@ -59,6 +59,7 @@ vet:
 ## lint: staticcheck over every package, tests included (a staticcheck.conf may turn a check off
 ## only with the reason written beside it)
 lint: $(STATICCHECK)
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 
 $(STATICCHECK):

@@ -76,16 +76,23 @@ func (r *lockedRuncStub) Pause(context.Context, *taskAPI.PauseRequest) (*ptypes.
 	return &ptypes.Empty{}, nil
 }
 
-// checkpointInProgress returns a shim over a lockedRuncStub whose task "c" is in status, with a
-// checkpoint of it started and inside runc's dump (which fails once inner.release is closed);
-// the checkpoint's error comes on the channel.
-func checkpointInProgress(t *testing.T, status task.Status) (*Service, *lockedRuncStub, chan error) {
+// specBundle returns a bundle directory whose config.json is a minimal OCI spec.
+func specBundle(t *testing.T) string {
 	t.Helper()
 	bundle := t.TempDir()
 	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return bundle
+}
+
+// checkpointInProgress returns a shim over a lockedRuncStub whose task "c" is in status, with a
+// checkpoint of it started and inside runc's dump (which fails once inner.release is closed);
+// the checkpoint's error comes on the channel.
+func checkpointInProgress(t *testing.T, status task.Status) (*Service, *lockedRuncStub, chan error) {
+	t.Helper()
+	bundle := specBundle(t)
 	inner := &lockedRuncStub{bundle: bundle, status: status, entered: make(chan struct{}), release: make(chan struct{})}
 	deps := testDeps(policy(t, true))
 	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }
@@ -238,11 +245,7 @@ func (r *pauseRaceStub) Checkpoint(context.Context, *taskAPI.CheckpointTaskReque
 // reads the task's state only after the freeze (the task's gate), so it takes the task for
 // what it is, paused, and not for the running task it was a moment before.
 func TestPauseBeforeCheckpointStart(t *testing.T) {
-	bundle := t.TempDir()
-	b, _ := json.Marshal(specs.Spec{Process: &specs.Process{}})
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	bundle := specBundle(t)
 	inner := &pauseRaceStub{bundle: bundle, status: task.Status_RUNNING, pauseEntered: make(chan struct{}), pauseRelease: make(chan struct{})}
 	deps := testDeps(policy(t, true))
 	deps.DumpStats = func(string) (checkpoint.CRIUStats, error) { return checkpoint.CRIUStats{}, nil }

@@ -393,8 +393,8 @@ type PageRelay struct {
 	// cancel ends the relay's context: Close, whether CRIU connected yet or not
 	cancel context.CancelFunc
 	done   chan struct{}
-	res  checkpoint.PageStream
-	err  error
+	res    checkpoint.PageStream
+	err    error
 }
 
 // StartPageRelay announces checkpoint name's page stream on conn (a receiver's connection,
