@@ -504,9 +504,7 @@ func TestGfltSkippedGPUStepCaught(t *testing.T) {
 	if _, err := src.Ctr(ctx, append(ns, "images", "export", "--skip-manifest-json", tar, ref)...); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dst.Ctr(ctx, append(ns, "images", "import", tar)...); err != nil {
-		t.Fatal(err)
-	}
+	ctrImport(t, ctx, dst, tar)
 
 	const rid = "gflt-s-restored"
 	t.Cleanup(func() { _ = dst.Remove(context.Background(), rid) })
