@@ -76,6 +76,11 @@ func (s *Service) checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return err
 	}
 	cleanups = append(cleanups, undo)
+	if lazy != "" {
+		// the TLS identity of CRIU's lazy page server, once the dump ended (CRIU reads it when
+		// its client connects); the caller removes it sooner, but may die first
+		cleanups = append(cleanups, func() { _ = os.RemoveAll(checkpoint.LazyTLSDir(opts.WorkPath)) })
+	}
 	if lazy != "" && opts.Exit {
 		return fmt.Errorf("checkpoint %s: lazy mode keeps the task frozen until its pages are served; it cannot exit with the dump: %w", r.ID, errdefs.ErrInvalidArgument)
 	}

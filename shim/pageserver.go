@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -22,11 +23,13 @@ import (
 
 // usePageServer reads the CRIU work directory's checkpoint.PageServerRequestFile or
 // checkpoint.LazyPagesRequestFile, if any, and adds the page server (copy mode) or the lazy page
-// server (lazy mode: CRIU listens there once the non-memory images are written) to the bundle's
-// CRIU configuration file for this dump; undo puts the file back. lazy is the lazy page server's
+// server (lazy mode: CRIU listens there once the non-memory images are written, and speaks TLS
+// with the identity in checkpoint.LazyTLSDir(workDir): lazyTLSDir) to the bundle's CRIU
+// configuration file for this dump; undo puts the file back. lazy is the lazy page server's
 // ADDR:PORT ("" unless lazy mode). Errors: an unusable address, both files at once, a bundle
 // whose org.criu.config is the user's own file, or (lazy mode) a node where CRIU cannot serve
-// pages lazily (criu.CheckLazyDump) (errdefs.ErrInvalidArgument, errdefs.ErrFailedPrecondition).
+// pages lazily (criu.CheckLazyDump) or a missing or unsafe TLS directory
+// (errdefs.ErrInvalidArgument, errdefs.ErrFailedPrecondition).
 func (s *Service) usePageServer(ctx context.Context, id, workDir, bundle string, spec *specs.Spec) (undo func(), lazy string, _ error) {
 	undo = func() {}
 	b, err := os.ReadFile(filepath.Join(workDir, checkpoint.PageServerRequestFile))
@@ -72,8 +75,14 @@ func (s *Service) usePageServer(ctx context.Context, id, workDir, bundle string,
 	}
 	lines := fmt.Sprintf("page-server\naddress %s\nport %d\n", host, port)
 	if isLazy {
-		// the source listens: `criu dump --lazy-pages --address --port`
-		lines = fmt.Sprintf("lazy-pages\naddress %s\nport %d\n", host, port)
+		// the source listens: `criu dump --lazy-pages --address --port`, over TLS with the
+		// identity the caller's relay made, so that no other local process is served a page
+		tlsDir, err := lazyTLSDir(workDir)
+		if err != nil {
+			return undo, "", fmt.Errorf("checkpoint %s: %w", id, err)
+		}
+		lines = fmt.Sprintf("lazy-pages\naddress %s\nport %d\ntls\ntls-cacert %s\ntls-cert %s\ntls-key %s\n", host, port,
+			filepath.Join(tlsDir, checkpoint.LazyTLSCA), filepath.Join(tlsDir, checkpoint.LazyTLSCert), filepath.Join(tlsDir, checkpoint.LazyTLSKey))
 	}
 	body := append(append([]byte(nil), old...), lines...)
 	if err := os.WriteFile(path, body, 0o600); err != nil {
@@ -90,6 +99,46 @@ func (s *Service) usePageServer(ctx context.Context, id, workDir, bundle string,
 			log.G(ctx).WithError(err).Error("restore CRIU configuration after a copy- or lazy-mode dump")
 		}
 	}, lazy, nil
+}
+
+// lazyTLSDir returns checkpoint.LazyTLSDir of CRIU work directory workDir, where the caller
+// put the TLS identity of CRIU's lazy page server, once it checked that the directory is root's
+// alone (a directory, not a link, owned by uid 0, mode 0700 or stricter), holds the three regular
+// files CRIU is to read, and has a path CRIU's configuration file can carry (no white space,
+// quote, backslash or '#'). Errors: a missing or unusable directory or file, naming it and what
+// writes it (errdefs.ErrFailedPrecondition).
+func lazyTLSDir(workDir string) (string, error) {
+	dir := checkpoint.LazyTLSDir(workDir)
+	fail := func(why string) (string, error) {
+		return "", fmt.Errorf("lazy mode needs the TLS identity of CRIU's lazy page server in %s (berthctl migrate --lazy writes it beside the CRIU work directory), but %s: %w",
+			dir, why, errdefs.ErrFailedPrecondition)
+	}
+	if strings.ContainsAny(dir, " \t\n\r\"'#\\") {
+		return fail("its path holds a character CRIU's configuration file cannot carry")
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fail(err.Error())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fail("it is not a directory")
+	case !ok || st.Uid != 0:
+		return fail("it is not root's")
+	case fi.Mode().Perm()&0o077 != 0:
+		return fail(fmt.Sprintf("its mode %04o lets others in (want 0700)", fi.Mode().Perm()))
+	}
+	for _, f := range []string{checkpoint.LazyTLSCA, checkpoint.LazyTLSCert, checkpoint.LazyTLSKey} {
+		fi, err := os.Lstat(filepath.Join(dir, f))
+		if err != nil {
+			return fail(err.Error())
+		}
+		if !fi.Mode().IsRegular() {
+			return fail(f + " is not a regular file")
+		}
+	}
+	return dir, nil
 }
 
 // pageServerAddr parses a page server's "ADDR:PORT", which must be a loopback IP and a port.

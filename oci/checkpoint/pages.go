@@ -138,3 +138,50 @@ func LazyPagesDir(dir string) string {
 	dir = filepath.Clean(dir)
 	return filepath.Join(filepath.Dir(dir), ".lazy-"+filepath.Base(dir))
 }
+
+// The TLS identity of CRIU's lazy page server for one lazy dump, in LazyTLSDir: the PEM files
+// CRIU's --tls-cacert, --tls-cert and --tls-key name. CRIU then speaks TLS on that server and
+// requires of its client a certificate issued by that CA for 127.0.0.1, so that only the relay
+// that holds the client's key (in memory, never on disk) is served the frozen task's pages.
+const (
+	LazyTLSCA   = "ca.pem"
+	LazyTLSCert = "server.pem"
+	LazyTLSKey  = "server-key.pem"
+)
+
+// LazyTLS is what LazyTLSDir holds: PEM bytes of the one-dump CA's certificate, and of the lazy
+// page server's certificate and private key (PKCS#8).
+type LazyTLS struct {
+	CA, Cert, Key []byte
+}
+
+// LazyTLSDir is the directory beside checkpoint directory dir (the CRIU work directory of a lazy
+// dump on the source) that holds the TLS identity of CRIU's lazy page server (LazyTLSCA,
+// LazyTLSCert, LazyTLSKey). It is outside dir, which is digested and sent, and lives only until
+// the relay connected to CRIU (CRIU reads the files when its client connects). Its caller writes
+// it (WriteLazyTLS) beside LazyPagesRequestFile; berth's shim refuses a lazy dump without it.
+func LazyTLSDir(dir string) string {
+	dir = filepath.Clean(dir)
+	return filepath.Join(filepath.Dir(dir), ".lazytls-"+filepath.Base(dir))
+}
+
+// WriteLazyTLS creates LazyTLSDir(dir) (mode 0700; it must not exist) and writes t's three files
+// into it (mode 0600). Errors: os.Mkdir's (fs.ErrExist for a directory left there) and
+// os.WriteFile's; on an error nothing is left behind.
+func WriteLazyTLS(dir string, t LazyTLS) (retErr error) {
+	d := LazyTLSDir(dir)
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return fmt.Errorf("lazy page server TLS: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(d)
+		}
+	}()
+	for name, b := range map[string][]byte{LazyTLSCA: t.CA, LazyTLSCert: t.Cert, LazyTLSKey: t.Key} {
+		if err := os.WriteFile(filepath.Join(d, name), b, 0o600); err != nil {
+			return fmt.Errorf("lazy page server TLS: %w", err)
+		}
+	}
+	return nil
+}

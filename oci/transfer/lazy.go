@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -26,7 +27,10 @@ import (
 )
 
 // Lazy (post-copy) mode: the source's CRIU (`runc checkpoint` with lazy-pages) listens on
-// 127.0.0.1 once it dumped everything but the memory, and serves the pages from the frozen task.
+// 127.0.0.1 once it dumped everything but the memory, and serves the pages from the frozen task
+// over TLS, to the one client that shows a certificate of the dump's own CA (lazytls.go: the
+// LazyRelay made both identities, and holds its key only in memory; any local process may
+// connect first, but none other is served a page).
 // On the destination a `criu lazy-pages` daemon, which the receiver runs on a socket it made
 // (--ps-socket: no port is opened there), asks for them: on demand when the restored task
 // touches a page, and in the background until it has them all. A LazyRelay on the source
@@ -59,21 +63,25 @@ var ErrLazyRefused = errors.New("lazy mode refused by the destination")
 
 // LazyRelay is the source's end of a lazy page stream.
 type LazyRelay struct {
-	conn  net.Conn
-	name  string
-	id    string
-	addr  string
-	ready chan struct{} // closed once Start returned
-	done  chan struct{}
-	err   error
-	once  sync.Once
-	sent  atomic.Int64 // Bytes
+	conn net.Conn
+	// files is CRIU's TLS identity (ServerTLS), tlsConf the relay's own (its client)
+	files   checkpoint.LazyTLS
+	tlsConf *tls.Config
+	name    string
+	id      string
+	addr    string
+	ready   chan struct{} // closed once Start returned
+	done    chan struct{}
+	err     error
+	once    sync.Once
+	sent    atomic.Int64 // Bytes
 }
 
 // StartLazyRelay announces checkpoint name's lazy page stream on conn (a receiver's
 // connection, greeted or not) and returns once the receiver said it can restore lazily: a
 // refusal is ErrLazyRefused with its reason. It picks the loopback port CRIU's lazy page server
-// will listen on (Addr). conn is the relay's: Close or the stream's end closes it.
+// will listen on (Addr) and makes the TLS identities of that server (ServerTLS) and of the
+// relay, its one client. conn is the relay's: Close or the stream's end closes it.
 func StartLazyRelay(ctx context.Context, conn net.Conn, name string) (*LazyRelay, error) {
 	if err := ValidName(name); err != nil {
 		return nil, fmt.Errorf("lazy page relay: %w", err)
@@ -110,8 +118,17 @@ func StartLazyRelay(ctx context.Context, conn net.Conn, name string) (*LazyRelay
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	return &LazyRelay{conn: conn, name: name, id: hex.EncodeToString(id[:]), addr: addr, ready: make(chan struct{}), done: make(chan struct{})}, nil
+	files, conf, err := newLazyTLS(time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("lazy page relay for %s: TLS identities: %w", name, err)
+	}
+	return &LazyRelay{conn: conn, name: name, id: hex.EncodeToString(id[:]), addr: addr, files: files, tlsConf: conf,
+		ready: make(chan struct{}), done: make(chan struct{})}, nil
 }
+
+// ServerTLS is the TLS identity CRIU's lazy page server is to use (PEM: the dump's CA, the
+// server's certificate and key), for checkpoint.WriteLazyTLS beside the lazy dump's request.
+func (p *LazyRelay) ServerTLS() checkpoint.LazyTLS { return p.files }
 
 // Addr is where CRIU's lazy page server is to listen (ADDR:PORT on 127.0.0.1).
 func (p *LazyRelay) Addr() string { return p.addr }
@@ -121,18 +138,15 @@ func (p *LazyRelay) Addr() string { return p.addr }
 func (p *LazyRelay) ID() string { return p.id }
 
 // Start connects to CRIU's lazy page server at Addr (it listens once the shim's Checkpoint
-// returned) and, once the receiver has the checkpoint and its lazy-pages daemon runs, starts
-// relaying the pages in the background and returns: the destination may restore now. Errors:
-// CRIU not listening, a socket not owned by root, or the receiver's refusal (ErrPageStream).
+// returned; dialLazyServer: root's socket, TLS with ServerTLS's identity) and, once the receiver
+// has the checkpoint and its lazy-pages daemon runs, starts relaying the pages in the background
+// and returns: the destination may restore now. Errors: CRIU not listening, a socket not owned
+// by root, a failed TLS handshake (another process connected first: CRIU served it no page, and
+// failed the dump), or the receiver's refusal (ErrPageStream).
 func (p *LazyRelay) Start(ctx context.Context) error {
-	c, err := net.DialTimeout("tcp", p.addr, HandshakeTimeout)
+	c, err := dialLazyServer(p.addr, p.tlsConf, HandshakeTimeout)
 	if err != nil {
-		p.fail(fmt.Errorf("%w: CRIU's lazy page server at %s: %w", ErrPageStream, p.addr, err))
-		return p.err
-	}
-	if !rootPeer(c) {
-		c.Close()
-		p.fail(fmt.Errorf("%w: the socket at %s is not root's (not the shim's CRIU)", ErrPageStream, p.addr))
+		p.fail(err)
 		return p.err
 	}
 	// the receiver answers once it has the checkpoint and its daemon listens
@@ -164,14 +178,14 @@ func (p *LazyRelay) fail(err error) {
 	})
 }
 
-// relay carries CRIU's answers (c) to the receiver and the daemon's requests back, until the
-// receiver's last verdict.
-func (p *LazyRelay) relay(c net.Conn) error {
+// relay carries CRIU's answers (c, TLS) to the receiver and the daemon's requests back, until
+// the receiver's last verdict.
+func (p *LazyRelay) relay(c *tls.Conn) error {
 	back := make(chan error, 1)
 	go func() { // the daemon's requests, to CRIU
 		_, err := readFrames(c, p.conn, nopHash{})
 		if err == nil {
-			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.CloseWrite() // TLS close_notify: CRIU's own shutdown waits for it
 		} else {
 			// the link is gone: CRIU, waiting for the next request, must see it end
 			_ = c.Close()

@@ -48,7 +48,8 @@
 // checkpoint's own connection: in copy mode CRIU's page stream to a `criu page-server` the
 // receiver runs (pages.go), in lazy (post-copy) mode, with "lazy" too, the pages a
 // `criu lazy-pages` daemon the receiver runs asks the source's CRIU for after the restore
-// (lazy.go).
+// (lazy.go). On the source, the relay reaches CRIU's lazy page server over TLS with identities
+// made for the one dump (lazytls.go), so that no other local process is served its pages.
 //
 // What belongs here: the wire protocol and the receiving side's file handling. What does not:
 // the tar format (oci/archive), manifests and digests (oci/checkpoint), progress display (the CLI: Send only

@@ -98,7 +98,19 @@ func TestMigrateInferenceLazyMode(t *testing.T) {
 			t.Errorf("destination root holds the stamp %s of the removed lazy checkpoint", e)
 		}
 	}
+	requireNoLazyTLS(t, filepath.Join(src.Dir, "outgoing"))
 	t.Logf("migrate (lazy mode) took %v:\n%s", rep.MigrateWall, rep.MigrateOutput)
+}
+
+// requireNoLazyTLS fails the test if migrate's work directory still holds the TLS identity of a
+// lazy dump's page server (checkpoint.LazyTLSDir: ".lazytls-NAME"): it is removed once the
+// relay connected, or by the shim when the dump ended.
+func requireNoLazyTLS(t *testing.T, workDir string) {
+	t.Helper()
+	left, _ := filepath.Glob(filepath.Join(workDir, ".lazytls-*"))
+	if len(left) > 0 {
+		t.Errorf("the lazy page server's TLS identity is left in the work directory: %v", left)
+	}
 }
 
 // TestMigrateRedisLazyMode is TestMigrateRedis in lazy mode: every key, by Redis's own digest.

@@ -292,9 +292,10 @@ func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
 	stampDirExists(t, dst)
 	before := fltDstState(t, ctx, dst)
 	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+	workDir := t.TempDir()
 	cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
 		"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--id", target, "--work-dir", t.TempDir(), "--name", name)
+		"--id", target, "--work-dir", workDir, "--name", name)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	addr := stallProxy(t, rcv.addr, 64<<10, func() {
@@ -308,6 +309,7 @@ func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
 	}
 	requireSourceRunning(t, ctx, src, id, "its pause lease should have abandoned the lazy dump (the mover died before its relay connected) and resumed it")
 	w.requireServing(t, ctx)
+	requireNoLazyTLS(t, workDir) // the shim removed it when the dump ended
 	rcv.kill()
 	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
 }

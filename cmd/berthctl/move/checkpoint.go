@@ -55,6 +55,11 @@ type CheckpointOptions struct {
 	// LazyStream, with LazyPages, is the ID of the lazy page stream (transfer.LazyRelay.ID),
 	// recorded in the signed manifest (checkpoint.Manifest.LazyStream).
 	LazyStream string
+	// LazyTLS, with LazyPages, is the TLS identity of CRIU's lazy page server
+	// (transfer.LazyRelay.ServerTLS), written to checkpoint.LazyTLSDir(Dir) before the task is
+	// paused; the shim refuses a lazy dump without it. Checkpoint removes that directory when it
+	// fails; after a success the caller removes it once its relay connected to CRIU.
+	LazyTLS checkpoint.LazyTLS
 	// PauseLease, when positive, is a pause lease held on the task from before it is paused
 	// until the caller resumes or stops it (Source.Resume, Source.Release): berth's shim resumes
 	// the task by itself if this process dies meanwhile (oci.AnnotationPauseLease).
@@ -164,6 +169,14 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 		if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.LazyPagesRequestFile), []byte(o.LazyPages+"\n"), 0o600); err != nil {
 			return nil, err
 		}
+		if err := checkpoint.WriteLazyTLS(o.Dir, o.LazyTLS); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
+		}
+		defer func() {
+			if retErr != nil {
+				os.RemoveAll(checkpoint.LazyTLSDir(o.Dir))
+			}
+		}()
 	}
 	var lease *pauseLease
 	if o.PauseLease > 0 && !o.Exit {

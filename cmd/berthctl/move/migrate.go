@@ -123,7 +123,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 			return nil, fmt.Errorf("migrate %s: nothing was paused: %w", o.ID, err)
 		}
 		defer lazy.Close()
-		copts.LazyPages, copts.LazyStream = lazy.Addr(), lazy.ID()
+		copts.LazyPages, copts.LazyStream, copts.LazyTLS = lazy.Addr(), lazy.ID(), lazy.ServerTLS()
 	}
 	src, err := Checkpoint(ctx, o.Src, copts)
 	if err != nil {
@@ -135,6 +135,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	}
 	phase("checkpoint")
 	defer func() {
+		if lazy != nil {
+			os.RemoveAll(checkpoint.LazyTLSDir(o.WorkDir))
+		}
 		if retErr != nil {
 			if lazy != nil {
 				lazy.Close() // CRIU lets the frozen task go; the resume waits for that
@@ -151,7 +154,10 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		return nil, fmt.Errorf("send checkpoint to the destination: %w", err)
 	}
 	if lazy != nil {
-		if err := lazy.Start(ctx); err != nil {
+		err := lazy.Start(ctx)
+		// CRIU read its TLS files when the relay connected; a failed start ends the dump
+		os.RemoveAll(checkpoint.LazyTLSDir(o.WorkDir))
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -25,10 +25,12 @@ type PageRelay interface {
 // daemon stops). ID is the stream's ID, which the signed manifest records
 // (checkpoint.Manifest.LazyStream) and the destination requires of the stream. Bytes is what
 // CRIU's lazy page server sent through the relay, in bytes (the pages and CRIU's page-server
-// headers), once Wait returned nil; 0 before.
+// headers), once Wait returned nil; 0 before. ServerTLS is the TLS identity CRIU's lazy page
+// server is to show (CheckpointOptions.LazyTLS); Start requires it, and serves no other server.
 type LazyRelay interface {
 	Addr() string
 	ID() string
+	ServerTLS() checkpoint.LazyTLS
 	Start(ctx context.Context) error
 	Wait(ctx context.Context) error
 	Bytes() int64

@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/test/node"
+)
+
+// TestLazyPageServerServesOnlyItsRelay is a hostile local process against lazy mode: while
+// `berthctl migrate --lazy` sends the checkpoint (stalled by a proxy), the source's CRIU listens
+// on 127.0.0.1 with the frozen task's memory, and its relay has not connected yet. A stranger on
+// the node (a hostNetwork pod, a local user) connects first and asks, in CRIU's page-server
+// protocol, for a page of the task's memory that is really there. CRIU must serve it nothing
+// (berth has it speak TLS with a certificate only the mover's relay can answer): no page-server
+// answer, at most a TLS alert. The move then fails (the stranger cost it its one client), and
+// the source serves on, the destination holding nothing.
+func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
+	c := needCluster(t)
+	lazyPipes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, dst := c.Nodes[0], c.Nodes[1]
+	id := "lazy-stranger"
+	target, name := id+"-moved", id+"-ck"
+	w := copyFaultWorkload(t, ctx, src, id, 64)
+	stampDirExists(t, dst)
+	before := fltDstState(t, ctx, dst)
+	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
+	workDir := t.TempDir()
+	cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
+		"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
+		"--id", target, "--work-dir", workDir, "--name", name)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	type probe struct {
+		addr string
+		got  []byte
+		err  error
+	}
+	probed := make(chan probe, 1)
+	listenersBefore := make(chan map[string]bool, 1) // root's listeners before the move
+	addr := stallProxy(t, rcv.addr, 64<<10, func() {
+		p := probe{}
+		defer func() {
+			probed <- p
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}()
+		var fresh []string
+		known := <-listenersBefore
+		for a := range rootLoopbackListeners() {
+			if !known[a] {
+				fresh = append(fresh, a)
+			}
+		}
+		if len(fresh) != 1 {
+			p.err = fmt.Errorf("want one new root listener on 127.0.0.1 (CRIU's lazy page server), have %v", fresh)
+			return
+		}
+		p.addr = fresh[0]
+		req, err := pageRequest(id, int(w.pid))
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.got, p.err = askAsStranger(p.addr, req)
+	})
+	listenersBefore <- rootLoopbackListeners()
+	cmd.Args = append(cmd.Args, "--receiver", addr, id)
+	fltNoErr(t, cmd.Start())
+	var p probe
+	select {
+	case p = <-probed:
+	case <-ctx.Done():
+		t.Fatalf("the checkpoint's send never reached the proxy's stall:\n%s", out.String())
+	}
+	_ = cmd.Wait()
+	if p.err != nil {
+		t.Fatalf("probing CRIU's lazy page server: %v", p.err)
+	}
+	if len(p.got) >= 4 && binary.LittleEndian.Uint32(p.got)&0xffff == psIOVAddF {
+		t.Fatalf("CRIU's lazy page server at %s served a stranger: %d bytes (a page-server answer and the page) answered its request for a page of the frozen task", p.addr, len(p.got))
+	}
+	if len(p.got) > 0 && p.got[0] != 0x15 {
+		t.Fatalf("CRIU's lazy page server at %s answered a stranger with %d bytes that are not a TLS alert (first %#x)", p.addr, len(p.got), p.got[0])
+	}
+	t.Logf("the stranger got %d bytes (a TLS alert or nothing) from %s", len(p.got), p.addr)
+	requireSourceRunning(t, ctx, src, id, "the lazy dump failed on the stranger's connection; the source should have been resumed")
+	w.requireServing(t, ctx)
+	requireNoLazyTLS(t, workDir) // the shim removed it when the dump ended
+	rcv.kill()
+	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+}
+
+// CRIU's page-server commands (criu/page-xfer.c): the lazy-pages daemon asks for pages with
+// PS_IOV_GET, and the answer is PS_IOV_ADD_F (its flags in the upper 16 bits) and the pages.
+const (
+	psIOVGet  = 7
+	psIOVAddF = 6
+)
+
+// pageRequest is a PS_IOV_GET, as CRIU's lazy-pages daemon sends it, for one page of the
+// memory of task id (its init's pid on the host: the task's status cannot be asked while CRIU
+// holds it) that is present (from /proc/PID/pagemap: its largest private writable mapping's
+// first present page): struct page_server_iov, u32 cmd, 4 bytes of padding, u64 nr_pages,
+// vaddr, and dst_id (for a GET, the task's pid in its pid namespace, as it is).
+func pageRequest(id string, pid int) ([]byte, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	var vpid uint64
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "NSpid:" {
+			vpid, _ = strconv.ParseUint(f[len(f)-1], 10, 64)
+		}
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, err
+	}
+	var lo, hi uint64
+	for _, l := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || f[1] != "rw-p" || len(f) > 5 {
+			continue // private, writable, anonymous
+		}
+		var a, b uint64
+		if _, err := fmt.Sscanf(f[0], "%x-%x", &a, &b); err == nil && b-a > hi-lo {
+			lo, hi = a, b
+		}
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer pm.Close()
+	const page = 4096
+	var e [8]byte
+	for va := lo; va < hi; va += page {
+		if _, err := pm.ReadAt(e[:], int64(va/page*8)); err != nil {
+			return nil, err
+		}
+		if binary.LittleEndian.Uint64(e[:])&(1<<63) == 0 {
+			continue
+		}
+		req := make([]byte, 32)
+		binary.LittleEndian.PutUint32(req[0:], psIOVGet)
+		binary.LittleEndian.PutUint64(req[8:], 1)
+		binary.LittleEndian.PutUint64(req[16:], va)
+		binary.LittleEndian.PutUint64(req[24:], vpid)
+		return req, nil
+	}
+	return nil, fmt.Errorf("task %s (pid %d): no present page in its largest anonymous mapping %x-%x", id, pid, lo, hi)
+}
+
+// askAsStranger connects to addr, sends req and returns what came back within 5 s.
+func askAsStranger(addr string, req []byte) ([]byte, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if _, err := c.Write(req); err != nil {
+		return nil, nil // refused before the request: nothing served
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, nil
+		}
+	}
+}
+
+// rootLoopbackListeners returns the ADDR:PORT of every TCP socket of root's listening on
+// 127.0.0.1 (/proc/net/tcp: state 0A, uid 0); none when that file cannot be read.
+func rootLoopbackListeners() map[string]bool {
+	out := map[string]bool{}
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 8 || fl[3] != "0A" || fl[7] != "0" || !strings.HasPrefix(fl[1], "0100007F:") {
+			continue
+		}
+		port, err := strconv.ParseUint(strings.TrimPrefix(fl[1], "0100007F:"), 16, 16)
+		if err == nil {
+			out[fmt.Sprintf("127.0.0.1:%d", port)] = true
+		}
+	}
+	return out
+}
