@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -14,7 +18,15 @@ import (
 // plotStream draws BenchmarkStream's downtime against memory size, one line per path (a point
 // for a path measured at one size), on a logarithmic downtime axis, into path (the extension
 // picks the format: .png, .svg, .pdf). Paths with no figure (0: not run or failed) are left out.
-func plotStream(rows []streamRow, path string) error {
+// A single figure (one path at one size) gets a downtime axis from half of it to twice it. A
+// panic of the plotting library is returned as an error: it must not end the benchmark's
+// process before it stopped its nodes.
+func plotStream(rows []streamRow, path string) (retErr error) {
+	defer func() {
+		if r := recover(); r != nil {
+			retErr = fmt.Errorf("plot %s: %v", path, r)
+		}
+	}()
 	p := plot.New()
 	p.Title.Text = "Downtime seen by the workload's client"
 	p.X.Label.Text = "workload memory (MiB)"
@@ -69,8 +81,33 @@ func plotStream(rows []streamRow, path string) error {
 	if drawn == 0 {
 		return errors.New("no path has a figure")
 	}
+	if p.Y.Min == p.Y.Max { // one figure: gonum would widen the range by 1 s, below 0 on a log axis
+		p.Y.Min, p.Y.Max = p.Y.Min/2, p.Y.Max*2
+	}
 	if err := p.Save(6*vg.Inch, 4*vg.Inch, path); err != nil {
 		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// TestPlotStreamOnePoint: a benchmark run of one path at one size (BERTH_BENCH_MIB=1024 and
+// -bench 'BenchmarkStream/1024MiB/^lazy$') still gets its plot; gonum's log axis panicked on
+// it and took the benchmark's process down before it stopped its nodes.
+func TestPlotStreamOnePoint(t *testing.T) {
+	for _, rows := range [][]streamRow{
+		{{mib: 1024, lazy: 933 * time.Millisecond}},
+		{{mib: 1024, lazy: 933 * time.Millisecond}, {mib: 4096, lazy: 933 * time.Millisecond}},
+		{{mib: 256, raw: 400 * time.Millisecond, lazy: 800 * time.Millisecond}, {mib: 1024, ctr: 26 * time.Second}},
+	} {
+		out := filepath.Join(t.TempDir(), "p.png")
+		if err := plotStream(rows, out); err != nil {
+			t.Fatalf("plotStream(%v): %v", rows, err)
+		}
+		if fi, err := os.Stat(out); err != nil || fi.Size() == 0 {
+			t.Fatalf("no plot written: %v", err)
+		}
+	}
+	if err := plotStream([]streamRow{{mib: 1024}}, filepath.Join(t.TempDir(), "p.png")); err == nil {
+		t.Fatal("plotStream drew a plot of no figure")
+	}
 }
