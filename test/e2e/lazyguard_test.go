@@ -281,37 +281,74 @@ func linesAbout(log []byte, s string, n int) string {
 // CRIU's lazy page server, and once the failed dump let go the source is resumed: it runs and
 // serves, and the destination holds nothing of the move.
 func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
-	c := needCluster(t)
-	lazyPipes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	src, dst := c.Nodes[0], c.Nodes[1]
-	id := "lazykill-before-relay"
-	target, name := id+"-moved", id+"-ck"
-	w := copyFaultWorkload(t, ctx, src, id, 64)
-	stampDirExists(t, dst)
-	before := fltDstState(t, ctx, dst)
-	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
-	workDir := t.TempDir()
-	cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
-		"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--id", target, "--work-dir", workDir, "--name", name)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	addr := stallProxy(t, rcv.addr, 64<<10, func() {
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		t.Logf("SIGKILLed berthctl migrate %d during the checkpoint's send", cmd.Process.Pid)
+	m := startLazyStall(t, ctx, "lazykill-before-relay", func(m *lazyStall) {
+		_ = m.cmd.Process.Signal(syscall.SIGKILL)
+		t.Logf("SIGKILLed berthctl migrate %d during the checkpoint's send", m.cmd.Process.Pid)
 	})
-	cmd.Args = append(cmd.Args, "--receiver", addr, id)
-	fltNoErr(t, cmd.Start())
-	if err := cmd.Wait(); err == nil {
-		t.Fatalf("berthctl migrate ended successfully although it was killed:\n%s", out.String())
+	m.wait(t)
+	m.requireRecovered(t, ctx, "its pause lease should have abandoned the lazy dump (the mover died before its relay connected) and resumed it")
+}
+
+// lazyStall is a `berthctl migrate --lazy` (pause lease 3 s, its own --work-dir) of a 64 MiB
+// workload from node 0 to node 1, whose checkpoint's send to the destination's receiver stalls
+// after 64 KiB (stallProxy): the source's CRIU then serves the frozen task's pages on 127.0.0.1,
+// and the mover's relay has not connected to it yet.
+type lazyStall struct {
+	src, dst                  *node.Node
+	id, target, name, workDir string
+	w                         *fltWorkload
+	before                    fltState
+	rcv                       *fltReceive
+	cmd                       *exec.Cmd
+	out                       strings.Builder
+	listeners                 map[string]bool // root's listeners on 127.0.0.1 before the move
+}
+
+// startLazyStall starts a lazyStall of a workload named id; at runs once, in its own goroutine,
+// when the send stalls, and must end the mover (SIGKILL), or it waits for good.
+func startLazyStall(t *testing.T, ctx context.Context, id string, at func(*lazyStall)) *lazyStall {
+	t.Helper()
+	c := needCluster(t)
+	lazyPipes(t)
+	m := &lazyStall{src: c.Nodes[0], dst: c.Nodes[1], id: id, target: id + "-moved", name: id + "-ck", workDir: t.TempDir()}
+	m.w = copyFaultWorkload(t, ctx, m.src, id, 64)
+	stampDirExists(t, m.dst)
+	m.before = fltDstState(t, ctx, m.dst)
+	m.rcv = fltStartReceive(t, ctx, c, m.dst.CheckpointRoot)
+	m.cmd = exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
+		"--from", m.src.Socket, "--to", m.dst.Socket, "-n", node.Namespace,
+		"--id", m.target, "--work-dir", m.workDir, "--name", m.name)
+	m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.out
+	ready := make(chan struct{})
+	addr := stallProxy(t, m.rcv.addr, 64<<10, func() { <-ready; at(m) })
+	m.listeners = rootLoopbackListeners()
+	m.cmd.Args = append(m.cmd.Args, "--receiver", addr, id)
+	fltNoErr(t, m.cmd.Start())
+	close(ready)
+	return m
+}
+
+// wait waits for the mover, which must not have succeeded.
+func (m *lazyStall) wait(t *testing.T) {
+	t.Helper()
+	if err := m.cmd.Wait(); err == nil {
+		t.Fatalf("berthctl migrate ended successfully although it was killed:\n%s", m.out.String())
 	}
-	requireSourceRunning(t, ctx, src, id, "its pause lease should have abandoned the lazy dump (the mover died before its relay connected) and resumed it")
-	w.requireServing(t, ctx)
-	requireNoLazyTLS(t, workDir) // the shim removed it when the dump ended
-	rcv.kill()
-	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+}
+
+// requireRecovered requires what a failed lazy move promises: the source runs again (why says
+// why it should) and serves with its weights intact, the lazy page server's TLS identity is gone
+// from the work directory (the shim removed it when the dump ended), and the destination holds
+// nothing of the move.
+func (m *lazyStall) requireRecovered(t *testing.T, ctx context.Context, why string) {
+	t.Helper()
+	requireSourceRunning(t, ctx, m.src, m.id, why)
+	m.w.requireServing(t, ctx)
+	requireNoLazyTLS(t, m.workDir)
+	m.rcv.kill()
+	fltRequireDstClean(t, ctx, m.dst, m.before, []string{m.target}, m.name, ".lazy-"+m.name)
 }
 
 // requireSourceRunning waits up to 60 s after a mover died for n's task id to run again, and

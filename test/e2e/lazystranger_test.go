@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/berth-dev/berth/test/node"
 )
 
 // TestLazyPageServerServesOnlyItsRelay is a hostile local process against lazy mode: while
@@ -26,40 +23,23 @@ import (
 // answer, at most a TLS alert. The move then fails (the stranger cost it its one client), and
 // the source serves on, the destination holding nothing.
 func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
-	c := needCluster(t)
-	lazyPipes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	src, dst := c.Nodes[0], c.Nodes[1]
-	id := "lazy-stranger"
-	target, name := id+"-moved", id+"-ck"
-	w := copyFaultWorkload(t, ctx, src, id, 64)
-	stampDirExists(t, dst)
-	before := fltDstState(t, ctx, dst)
-	rcv := fltStartReceive(t, ctx, c, dst.CheckpointRoot)
-	workDir := t.TempDir()
-	cmd := exec.CommandContext(ctx, c.Berthctl(), "migrate", "--lazy", "--pause-lease", "3s",
-		"--from", src.Socket, "--to", dst.Socket, "-n", node.Namespace,
-		"--id", target, "--work-dir", workDir, "--name", name)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
 	type probe struct {
 		addr string
 		got  []byte
 		err  error
 	}
 	probed := make(chan probe, 1)
-	listenersBefore := make(chan map[string]bool, 1) // root's listeners before the move
-	addr := stallProxy(t, rcv.addr, 64<<10, func() {
+	m := startLazyStall(t, ctx, "lazy-stranger", func(m *lazyStall) {
 		p := probe{}
 		defer func() {
 			probed <- p
-			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = m.cmd.Process.Signal(syscall.SIGKILL)
 		}()
 		var fresh []string
-		known := <-listenersBefore
 		for a := range rootLoopbackListeners() {
-			if !known[a] {
+			if !m.listeners[a] {
 				fresh = append(fresh, a)
 			}
 		}
@@ -68,23 +48,20 @@ func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
 			return
 		}
 		p.addr = fresh[0]
-		req, err := pageRequest(id, int(w.pid))
+		req, err := pageRequest(m.id, int(m.w.pid))
 		if err != nil {
 			p.err = err
 			return
 		}
 		p.got, p.err = askAsStranger(p.addr, req)
 	})
-	listenersBefore <- rootLoopbackListeners()
-	cmd.Args = append(cmd.Args, "--receiver", addr, id)
-	fltNoErr(t, cmd.Start())
 	var p probe
 	select {
 	case p = <-probed:
 	case <-ctx.Done():
-		t.Fatalf("the checkpoint's send never reached the proxy's stall:\n%s", out.String())
+		t.Fatalf("the checkpoint's send never reached the proxy's stall:\n%s", m.out.String())
 	}
-	_ = cmd.Wait()
+	m.wait(t)
 	if p.err != nil {
 		t.Fatalf("probing CRIU's lazy page server: %v", p.err)
 	}
@@ -95,11 +72,7 @@ func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
 		t.Fatalf("CRIU's lazy page server at %s answered a stranger with %d bytes that are not a TLS alert (first %#x)", p.addr, len(p.got), p.got[0])
 	}
 	t.Logf("the stranger got %d bytes (a TLS alert or nothing) from %s", len(p.got), p.addr)
-	requireSourceRunning(t, ctx, src, id, "the lazy dump failed on the stranger's connection; the source should have been resumed")
-	w.requireServing(t, ctx)
-	requireNoLazyTLS(t, workDir) // the shim removed it when the dump ended
-	rcv.kill()
-	fltRequireDstClean(t, ctx, dst, before, []string{target}, name, ".lazy-"+name)
+	m.requireRecovered(t, ctx, "the lazy dump failed on the stranger's connection; the source should have been resumed")
 }
 
 // CRIU's page-server commands (criu/page-xfer.c): the lazy-pages daemon asks for pages with
