@@ -24,7 +24,8 @@
 //     restore) is admitted the same way; one without a berth manifest only under allow_unsigned.
 //   - Pause leases (lease.go): a mover that pauses a task grants it a lease through Update
 //     annotations; a task still paused when its lease ends (the mover died) is resumed, or
-//     killed once the move committed, and a lazy dump nobody ever connected to is abandoned.
+//     killed once the move committed, and a lazy dump whose move is gone is abandoned (CRIU hung
+//     up on, or killed if a client holds it: abandonLazyDump; a Resume abandons it too).
 //   - A per-container CRIU configuration file (runc's org.criu.config annotation) so that open TCP
 //     connections are closed, not dumped: a container moved to another node cannot keep them.
 //   - GPU steps, for a container with GPUs and a GPU backend (gpu.Backend): before the dump a GPU

@@ -53,6 +53,8 @@ type lazyDump struct {
 	paused bool
 	// runc is the result of runc's checkpoint; closed once it is sent
 	runc chan error
+	// abandoned is set by the first abandonLazyDump
+	abandoned atomic.Bool
 	// done is closed once the dump ended and what it held is cleaned up; err says how it ended
 	done chan struct{}
 	err  error
@@ -131,21 +133,44 @@ func (ld *lazyDump) hangUp() {
 	}
 }
 
-// abortUnclaimedLazyDump abandons task id's lazy dump if CRIU's lazy page server still waits
-// for its first client (listening, from /proc/net/tcp): called when the task's pause lease ended
-// (its mover is gone, so no relay will ever connect). The dump then ends as a failed transfer
-// (handOff: the task frozen as before, its GPUs given back) and the lease's next look resumes
-// the task.
-func (s *Service) abortUnclaimedLazyDump(id string) {
+// lazyAbandonGrace is how long abandonLazyDump lets CRIU end a lazy dump by itself (its client
+// finishing or hanging up) before it kills CRIU (a variable for the tests).
+var lazyAbandonGrace = 5 * time.Second
+
+// abandonLazyDump ends task id's lazy dump, if one runs, because its move was given up (why:
+// the pause lease ended, so the mover is gone, or a Resume, which a mover sends only when its
+// move failed). CRIU's lazy page server still waiting for its first client is hung up on
+// (hangUp). A CRIU still serving a client lazyAbandonGrace later is killed (checkpointCRIU):
+// the mover's relay is gone by then, so the client is another local process that connected
+// first and holds the connection without finishing its TLS handshake, and nothing outside the
+// move may keep the task frozen. Either way the dump ends as a failed transfer (handOff: the
+// task as before the dump, its GPUs given back; a CRIU killed while it served pages lets the
+// task go as well, TestLazyModeFaults). It returns at once; only the first call for a dump acts.
+func (s *Service) abandonLazyDump(ctx context.Context, id, why string) {
 	s.mu.Lock()
 	ld := s.lazy[id]
 	s.mu.Unlock()
-	if ld == nil || !listening(ld.addr) {
+	if ld == nil || !ld.abandoned.CompareAndSwap(false, true) {
 		return
 	}
-	log.L.WithFields(log.Fields{"id": id, "lazy_page_server": ld.addr}).
-		Warn("pause lease ended while CRIU's lazy page server still waits for its first client (the move that paused the task is gone): abandoning the lazy dump")
-	ld.hangUp()
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "lazy_page_server": ld.addr, "why": why})
+	if listening(ld.addr) {
+		l.Warn("abandoning the lazy dump: CRIU's lazy page server still waits for its first client (the move that paused the task is gone or failed); hanging up on it")
+		ld.hangUp()
+	}
+	grace := lazyAbandonGrace
+	go func() {
+		select {
+		case <-ld.done:
+			return
+		case <-time.After(grace):
+		}
+		pids := checkpointCRIU("/proc", os.Getpid(), id)
+		l.WithField("criu_pids", pids).Warn("abandoning the lazy dump: CRIU still serves a client that neither finishes nor hangs up (not the move's relay: another local process that connected first); killing CRIU")
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}()
 }
 
 // handOff registers the dump on s and lets it finish in the background: once runc's checkpoint
@@ -214,8 +239,11 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 }
 
 // Resume thaws the task, after a checkpoint of it in progress (waitCheckpoint) and its lazy
-// dump, if any, ended (lazy.go).
+// dump, if any, ended (lazy.go). A lazy dump still running is abandoned first
+// (abandonLazyDump): a task is resumed only when its move failed, and then no client may keep
+// CRIU, and the task with it, past lazyAbandonGrace.
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	s.abandonLazyDump(ctx, r.ID, "resume") // before the wait: the lazy dump is the checkpoint in progress
 	if err := s.waitCheckpoint(ctx, r.ID, "resuming"); err != nil {
 		return nil, wireError(err)
 	}

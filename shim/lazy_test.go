@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -253,5 +255,109 @@ func TestLazyFailureHardened(t *testing.T) {
 	}
 	if got := lazyFailure(bundle); len(got) != maxLazyFailure {
 		t.Errorf("read %d bytes of a 1 MiB reason, want %d", len(got), maxLazyFailure)
+	}
+}
+
+// TestCheckpointCRIU: the CRIU processes killed to end a lazy dump are those of runc's
+// checkpoint of that task run by this shim, and their descendants named criu: never CRIU of
+// another task's checkpoint, of another runc command, or elsewhere on the node (a fixture /proc:
+// testdata/proc).
+func TestCheckpointCRIU(t *testing.T) {
+	for _, tc := range []struct {
+		self int
+		id   string
+		want []int
+	}{
+		{100, "web", []int{300, 301}},
+		{100, "other", []int{310}},
+		{100, "webx", nil},    // its checkpoint has no CRIU yet; "/web" in an argument is not the id
+		{100, "missing", nil}, // no checkpoint of it
+		{999, "web", nil},     // another shim's runc
+	} {
+		got := checkpointCRIU("testdata/proc", tc.self, tc.id)
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("checkpointCRIU(shim %d, %q) = %v, want %v", tc.self, tc.id, got, tc.want)
+		}
+	}
+}
+
+// fakeCheckpointCRIU starts, as a child of the test process (the shim), a process named runc
+// whose command line is runc's checkpoint of task id, with a child named criu (a copy of sleep)
+// that waits for good, as CRIU serving a client that never finishes; it returns the "runc"
+// command, started, once its criu runs.
+func fakeCheckpointCRIU(t *testing.T, id string) *exec.Cmd {
+	t.Helper()
+	dir := t.TempDir()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "criu"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "runc"), []byte("#!/bin/sh\n\"$(dirname \"$0\")/criu\" 600 &\nwait $!\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(dir, "runc"), "--root", "/run/x", "checkpoint", "--work-path", "/x", id)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, pid := range checkpointCRIU("/proc", os.Getpid(), id) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	for deadline := time.Now().Add(5 * time.Second); len(checkpointCRIU("/proc", os.Getpid(), id)) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the fake checkpoint's criu did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cmd
+}
+
+// TestAbandonLazyDumpKillsCRIU: a lazy dump given up (a Resume, or the pause lease's end) whose
+// CRIU still serves a client that never finishes (a local process that took CRIU's one
+// connection and holds it) ends within lazyAbandonGrace: CRIU of that checkpoint is killed, and
+// nothing else. A dump that ends by itself within the grace is left alone.
+func TestAbandonLazyDumpKillsCRIU(t *testing.T) {
+	defer func(g time.Duration) { lazyAbandonGrace = g }(lazyAbandonGrace)
+	lazyAbandonGrace = 200 * time.Millisecond
+	held := fakeCheckpointCRIU(t, "held")
+	fakeCheckpointCRIU(t, "other")
+	s := NewService(&pausedStub{}, Config{}, Deps{})
+	done := make(chan struct{})
+	s.lazy = map[string]*lazyDump{
+		"held": {id: "held", addr: "127.0.0.1:1", done: make(chan struct{})}, // nothing listens: a client was accepted
+		"done": {id: "done", addr: "127.0.0.1:1", done: done},
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- held.Wait() }()
+	s.abandonLazyDump(t.Context(), "held", "test")
+	s.abandonLazyDump(t.Context(), "held", "test again") // acts once
+	select {
+	case err := <-ended:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 128+int(syscall.SIGKILL) {
+			t.Errorf("the held checkpoint's runc ended with %v; want its criu killed (exit status 137 from wait)", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the abandoned lazy dump's CRIU was not killed 5s after the grace")
+	}
+	if len(checkpointCRIU("/proc", os.Getpid(), "other")) != 1 {
+		t.Error("the CRIU of another task's checkpoint was killed")
+	}
+	fakeCheckpointCRIU(t, "done")
+	s.abandonLazyDump(t.Context(), "done", "test")
+	close(done) // CRIU let go by itself within the grace
+	time.Sleep(3 * lazyAbandonGrace)
+	if len(checkpointCRIU("/proc", os.Getpid(), "done")) != 1 {
+		t.Error("CRIU of a dump that ended within the grace was killed")
 	}
 }

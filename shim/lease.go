@@ -113,8 +113,8 @@ func (s *Service) setLease(ctx context.Context, id, v, expiry string) error {
 }
 
 // expireLease ends lease l of task id: unless it was renewed or released since, or the task is
-// being checkpointed (then it is looked at again in leaseRetry, and a lazy dump that no client
-// ever connected to is abandoned: abortUnclaimedLazyDump), a task still paused is resumed, or
+// being checkpointed (then it is looked at again in leaseRetry, and a lazy dump in progress is
+// abandoned: abandonLazyDump), a task still paused is resumed, or
 // killed when the lease was committed (oci.PauseLeaseKill).
 func (s *Service) expireLease(id string, l *lease) {
 	ls := &s.leases
@@ -126,9 +126,9 @@ func (s *Service) expireLease(id string, l *lease) {
 	if ls.busy[id] > 0 {
 		l.timer.Reset(leaseRetry)
 		ls.mu.Unlock()
-		// a lazy dump whose mover died before its relay connected: CRIU would wait for a
-		// client forever, and the task with it
-		s.abortUnclaimedLazyDump(id)
+		// a lazy dump whose mover is gone: CRIU would wait for a client, or serve one that
+		// never finishes, for good, and the task with it
+		s.abandonLazyDump(log.WithLogger(context.Background(), log.L), id, "pause lease ended")
 		return
 	}
 	delete(ls.byTask, id)

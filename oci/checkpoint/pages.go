@@ -157,9 +157,11 @@ type LazyTLS struct {
 
 // LazyTLSDir is the directory beside checkpoint directory dir (the CRIU work directory of a lazy
 // dump on the source) that holds the TLS identity of CRIU's lazy page server (LazyTLSCA,
-// LazyTLSCert, LazyTLSKey). It is outside dir, which is digested and sent, and lives only until
-// the relay connected to CRIU (CRIU reads the files when its client connects). Its caller writes
-// it (WriteLazyTLS) beside LazyPagesRequestFile; berth's shim refuses a lazy dump without it.
+// LazyTLSCert, LazyTLSKey). It is outside dir, which is digested and sent. CRIU reads the files
+// when its client connects; the caller removes the directory once its relay connected, and
+// berth's shim when the dump ended (a caller that died between writing it and the checkpoint
+// request leaves it: root's alone, for a CA nobody holds the key of). Its caller writes it
+// (WriteLazyTLS) beside LazyPagesRequestFile; berth's shim refuses a lazy dump without it.
 func LazyTLSDir(dir string) string {
 	dir = filepath.Clean(dir)
 	return filepath.Join(filepath.Dir(dir), ".lazytls-"+filepath.Base(dir))

@@ -8,9 +8,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
@@ -100,6 +102,10 @@ func newLazyTLS(now time.Time) (checkpoint.LazyTLS, *tls.Config, error) {
 // ErrPageStream.
 func dialLazyServer(addr string, conf *tls.Config, timeout time.Duration) (*tls.Conn, error) {
 	raw, err := net.DialTimeout("tcp", addr, timeout)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("%w: CRIU's lazy page server at %s no longer listens: it serves one connection, so another local process connected first (it was served no page), or CRIU's dump ended (the source's containerd log, from berth's shim, says which): %w",
+			ErrPageStream, addr, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: CRIU's lazy page server at %s: %w", ErrPageStream, addr, err)
 	}

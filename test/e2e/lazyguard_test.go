@@ -27,6 +27,12 @@ import (
 // one connection, that direction of that connection stalls (nothing more is forwarded; the
 // connection is closed once the client closed it) and at is called once, in its own goroutine.
 func stallProxy(t *testing.T, target string, n int64, at func()) string {
+	return proxyAfter(t, target, n, at, true)
+}
+
+// proxyAfter is stallProxy with stall; without, once n bytes went from a client to target on
+// one connection, at is called (once) and that direction waits for it to return, then goes on.
+func proxyAfter(t *testing.T, target string, n int64, at func(), stall bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	fltNoErr(t, err)
@@ -49,11 +55,17 @@ func stallProxy(t *testing.T, target string, n int64, at func()) string {
 			mu.Unlock()
 			go func() { _, _ = io.Copy(in, out); in.Close() }()
 			go func() {
-				if k, _ := io.CopyN(out, in, n); k == n {
+				k, _ := io.CopyN(out, in, n)
+				switch {
+				case k < n:
+				case stall:
 					once.Do(func() { go at() })
 					// stalled: nothing more is forwarded; the client's end still ends the
 					// connection (a killed client is a cut link, as without the proxy)
 					_, _ = io.Copy(io.Discard, in)
+				default:
+					once.Do(at)
+					_, _ = io.Copy(out, in)
 				}
 				out.Close()
 			}()
@@ -283,7 +295,7 @@ func linesAbout(log []byte, s string, n int) string {
 func TestLazyModeMoverKilledBeforeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	m := startLazyStall(t, ctx, "lazykill-before-relay", func(m *lazyStall) {
+	m := startLazyStall(t, ctx, "lazykill-before-relay", false, func(m *lazyStall) {
 		_ = m.cmd.Process.Signal(syscall.SIGKILL)
 		t.Logf("SIGKILLed berthctl migrate %d during the checkpoint's send", m.cmd.Process.Pid)
 	})
@@ -307,8 +319,9 @@ type lazyStall struct {
 }
 
 // startLazyStall starts a lazyStall of a workload named id; at runs once, in its own goroutine,
-// when the send stalls, and must end the mover (SIGKILL), or it waits for good.
-func startLazyStall(t *testing.T, ctx context.Context, id string, at func(*lazyStall)) *lazyStall {
+// when the send stalls, and must end the mover (SIGKILL), or it waits for good. With gate, the
+// send only waits for at to return, then goes on (proxyAfter).
+func startLazyStall(t *testing.T, ctx context.Context, id string, gate bool, at func(*lazyStall)) *lazyStall {
 	t.Helper()
 	c := needCluster(t)
 	lazyPipes(t)
@@ -322,7 +335,7 @@ func startLazyStall(t *testing.T, ctx context.Context, id string, at func(*lazyS
 		"--id", m.target, "--work-dir", m.workDir, "--name", m.name)
 	m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.out
 	ready := make(chan struct{})
-	addr := stallProxy(t, m.rcv.addr, 64<<10, func() { <-ready; at(m) })
+	addr := proxyAfter(t, m.rcv.addr, 64<<10, func() { <-ready; at(m) }, !gate)
 	m.listeners = rootLoopbackListeners()
 	m.cmd.Args = append(m.cmd.Args, "--receiver", addr, id)
 	fltNoErr(t, m.cmd.Start())

@@ -31,23 +31,17 @@ func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
 		err  error
 	}
 	probed := make(chan probe, 1)
-	m := startLazyStall(t, ctx, "lazy-stranger", func(m *lazyStall) {
+	m := startLazyStall(t, ctx, "lazy-stranger", false, func(m *lazyStall) {
 		p := probe{}
 		defer func() {
 			probed <- p
 			_ = m.cmd.Process.Signal(syscall.SIGKILL)
 		}()
-		var fresh []string
-		for a := range rootLoopbackListeners() {
-			if !m.listeners[a] {
-				fresh = append(fresh, a)
-			}
-		}
-		if len(fresh) != 1 {
-			p.err = fmt.Errorf("want one new root listener on 127.0.0.1 (CRIU's lazy page server), have %v", fresh)
+		var err error
+		if p.addr, err = m.criuListener(); err != nil {
+			p.err = err
 			return
 		}
-		p.addr = fresh[0]
 		req, err := pageRequest(m.id, int(m.w.pid))
 		if err != nil {
 			p.err = err
@@ -73,6 +67,79 @@ func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
 	}
 	t.Logf("the stranger got %d bytes (a TLS alert or nothing) from %s", len(p.got), p.addr)
 	m.requireRecovered(t, ctx, "the lazy dump failed on the stranger's connection; the source should have been resumed")
+}
+
+// TestLazyPageServerHeldByStranger: a local process that connects to CRIU's lazy page server
+// first and then holds the connection without a word (its TLS handshake never begun) cannot
+// keep the source frozen. The mover's relay finds CRIU no longer listening, and the move fails
+// saying so and that the source resumes; the source's shim, asked to resume it, kills that CRIU
+// once its grace (5 s) passed, and the source serves again while the stranger still holds its
+// connection. (Before, CRIU waited on the stranger, and the resume with it, for as long as the
+// stranger liked.)
+func TestLazyPageServerHeldByStranger(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	held := make(chan net.Conn, 1)
+	failed := make(chan error, 1)
+	m := startLazyStall(t, ctx, "lazy-held", true, func(m *lazyStall) {
+		addr, err := m.criuListener()
+		if err != nil {
+			failed <- err
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			failed <- err
+			return
+		}
+		held <- c // and says nothing
+	})
+	var stranger net.Conn
+	select {
+	case stranger = <-held:
+		defer stranger.Close()
+	case err := <-failed:
+		t.Fatalf("the stranger could not take CRIU's lazy page server: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the checkpoint's send never reached the proxy:\n%s", m.out.String())
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- m.cmd.Wait() }()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatalf("berthctl migrate succeeded although a stranger held CRIU's one connection:\n%s", m.out.String())
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("berthctl migrate still runs 90 s after a stranger took CRIU's one connection and held it: the source stays frozen for as long as the stranger likes:\n%s", m.out.String())
+	}
+	for _, want := range []string{"no longer listens", "another local process connected first", "the source resumes"} {
+		if !strings.Contains(m.out.String(), want) {
+			t.Errorf("migrate's error does not say %q:\n%s", want, m.out.String())
+		}
+	}
+	requireSourceRunning(t, ctx, m.src, m.id, "the shim should have killed the CRIU a stranger held, once the move gave up")
+	m.w.requireServing(t, ctx)
+	if _, err := stranger.Write([]byte{0}); err != nil {
+		t.Logf("the stranger's connection: %v (CRIU, killed, closed it)", err)
+	}
+	stranger.Close()
+	m.requireRecovered(t, ctx, "the shim killed the CRIU a stranger held")
+}
+
+// criuListener returns the address of CRIU's lazy page server: the one root listener on
+// 127.0.0.1 that was not there before the move.
+func (m *lazyStall) criuListener() (string, error) {
+	var fresh []string
+	for a := range rootLoopbackListeners() {
+		if !m.listeners[a] {
+			fresh = append(fresh, a)
+		}
+	}
+	if len(fresh) != 1 {
+		return "", fmt.Errorf("want one new root listener on 127.0.0.1 (CRIU's lazy page server), have %v", fresh)
+	}
+	return fresh[0], nil
 }
 
 // CRIU's page-server commands (criu/page-xfer.c): the lazy-pages daemon asks for pages with

@@ -73,7 +73,11 @@ those pages, so the first answers are slower); if the move then fails, the desti
 connections break and whatever it answered or changed in memory since it resumed is lost, the
 source continuing from its state at the freeze; writes to volumes or other services outside the
 container's memory are not undone. The pages are covered by the connection's authentication,
-not by the checkpoint's signature (contrib/TRUST.md). Up-front, before anything is paused: CRIU
+not by the checkpoint's signature (contrib/TRUST.md). On the source, CRIU serves the pages on
+127.0.0.1 to one connection, over TLS with an identity made for this move alone (its key files
+in the work directory until the relay connected): a local process that connects first is served
+no page, but the move fails (the source resumes; one that holds the connection is cut off by the
+source's shim 5 s after the move gave up). Up-front, before anything is paused: CRIU
 on this node needs fs.pipe-max-size >= 4 MiB or CAP_SYS_RESOURCE, the destination userfaultfd;
 each refusal says how to fix it. --leave-running resumes the source once every page arrived.
 The receiver's lazy-pages daemon runs under a guard process ('berthctl lazy-guard', its own
@@ -414,7 +418,11 @@ func (r migrateResult) writeText(w io.Writer) {
 	if r.PagesMs > 0 {
 		fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves; the source stays frozen)\n", "all pages arrived", r.PagesMs)
 	}
-	fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves)\n", "source teardown", r.AfterMs)
+	if r.PagesMs > 0 {
+		fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves: all pages arrived, then the source stopped)\n", "source teardown", r.AfterMs)
+	} else {
+		fmt.Fprintf(w, "  %-32s %9.1f ms (after the destination serves)\n", "source teardown", r.AfterMs)
+	}
 }
 
 // targetFree returns an error when container id already exists in namespace ns of c: a move or

@@ -158,7 +158,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 		// CRIU read its TLS files when the relay connected; a failed start ends the dump
 		os.RemoveAll(checkpoint.LazyTLSDir(o.WorkDir))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w; nothing was restored, and the source resumes where it was frozen", err)
 		}
 	}
 	phase("transfer")
