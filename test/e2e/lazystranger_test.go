@@ -127,6 +127,46 @@ func TestLazyPageServerHeldByStranger(t *testing.T) {
 	m.requireRecovered(t, ctx, "the shim killed the CRIU a stranger held")
 }
 
+// TestLazyPageServerHeldMoverKilled is TestLazyPageServerHeldByStranger with the mover
+// killed once the stranger took CRIU's connection: then no Resume comes, and the source's
+// pause lease (3 s) ends; the shim abandons the dump at the lease's end, kills the CRIU the
+// stranger holds 5 s later, and the lease resumes the source while the stranger still holds its
+// connection. (Found by review: before, the source stayed frozen, even its State timing out.)
+func TestLazyPageServerHeldMoverKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	held := make(chan net.Conn, 1)
+	failed := make(chan error, 1)
+	m := startLazyStall(t, ctx, "lazy-held-killed", false, func(m *lazyStall) {
+		defer func() { _ = m.cmd.Process.Signal(syscall.SIGKILL) }()
+		addr, err := m.criuListener()
+		if err != nil {
+			failed <- err
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			failed <- err
+			return
+		}
+		held <- c // and says nothing
+	})
+	var stranger net.Conn
+	select {
+	case stranger = <-held:
+		defer stranger.Close()
+	case err := <-failed:
+		t.Fatalf("the stranger could not take CRIU's lazy page server: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the checkpoint's send never reached the proxy's stall:\n%s", m.out.String())
+	}
+	m.wait(t)
+	requireSourceRunning(t, ctx, m.src, m.id, "the lease's end should have abandoned the dump a stranger holds, killing its CRIU")
+	m.w.requireServing(t, ctx)
+	stranger.Close()
+	m.requireRecovered(t, ctx, "the lease's end abandoned the dump")
+}
+
 // criuListener returns the address of CRIU's lazy page server: the one root listener on
 // 127.0.0.1 that was not there before the move.
 func (m *lazyStall) criuListener() (string, error) {
