@@ -31,7 +31,7 @@ build:
 
 ## demo: two local containerd nodes, an inference workload streaming sessions, moved mid-stream
 demo: deps build
-	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) run ./test/cmd/berth-demo
+	PATH="$(CURDIR)/$(OUT)/stack/bin:$$PATH" $(GO) run ./test/cmd/berth-demo $(DEMO_ARGS)
 
 ## demo-k8s: the same move on a real two-node Kubernetes cluster: a RuntimeClass berth pod
 ## streaming sessions, `kubectl berth move` mid-stream to the other node
