@@ -79,30 +79,10 @@ func TestLazyPageServerServesOnlyItsRelay(t *testing.T) {
 func TestLazyPageServerHeldByStranger(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	held := make(chan net.Conn, 1)
-	failed := make(chan error, 1)
-	m := startLazyStall(t, ctx, "lazy-held", true, func(m *lazyStall) {
-		addr, err := m.criuListener()
-		if err != nil {
-			failed <- err
-			return
-		}
-		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-		if err != nil {
-			failed <- err
-			return
-		}
-		held <- c // and says nothing
-	})
-	var stranger net.Conn
-	select {
-	case stranger = <-held:
-		defer stranger.Close()
-	case err := <-failed:
-		t.Fatalf("the stranger could not take CRIU's lazy page server: %v", err)
-	case <-ctx.Done():
-		t.Fatalf("the checkpoint's send never reached the proxy:\n%s", m.out.String())
-	}
+	h := newSilentStranger()
+	m := startLazyStall(t, ctx, "lazy-held", true, h.take)
+	stranger := h.connected(t, ctx, m)
+	defer stranger.Close()
 	ended := make(chan error, 1)
 	go func() { ended <- m.cmd.Wait() }()
 	select {
@@ -135,36 +115,59 @@ func TestLazyPageServerHeldByStranger(t *testing.T) {
 func TestLazyPageServerHeldMoverKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	held := make(chan net.Conn, 1)
-	failed := make(chan error, 1)
+	h := newSilentStranger()
 	m := startLazyStall(t, ctx, "lazy-held-killed", false, func(m *lazyStall) {
 		defer func() { _ = m.cmd.Process.Signal(syscall.SIGKILL) }()
-		addr, err := m.criuListener()
-		if err != nil {
-			failed <- err
-			return
-		}
-		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-		if err != nil {
-			failed <- err
-			return
-		}
-		held <- c // and says nothing
+		h.take(m)
 	})
-	var stranger net.Conn
-	select {
-	case stranger = <-held:
-		defer stranger.Close()
-	case err := <-failed:
-		t.Fatalf("the stranger could not take CRIU's lazy page server: %v", err)
-	case <-ctx.Done():
-		t.Fatalf("the checkpoint's send never reached the proxy's stall:\n%s", m.out.String())
-	}
+	stranger := h.connected(t, ctx, m)
+	defer stranger.Close()
 	m.wait(t)
 	requireSourceRunning(t, ctx, m.src, m.id, "the lease's end should have abandoned the dump a stranger holds, killing its CRIU")
 	m.w.requireServing(t, ctx)
 	stranger.Close()
 	m.requireRecovered(t, ctx, "the lease's end abandoned the dump")
+}
+
+// silentStranger is a local process that takes CRIU's lazy page server's one connection during
+// a lazyStall and holds it without a word.
+type silentStranger struct {
+	held   chan net.Conn
+	failed chan error
+}
+
+func newSilentStranger() *silentStranger {
+	return &silentStranger{held: make(chan net.Conn, 1), failed: make(chan error, 1)}
+}
+
+// take is a lazyStall's at: it connects to CRIU's lazy page server, and says nothing.
+func (h *silentStranger) take(m *lazyStall) {
+	addr, err := m.criuListener()
+	if err != nil {
+		h.failed <- err
+		return
+	}
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		h.failed <- err
+		return
+	}
+	h.held <- c
+}
+
+// connected returns the stranger's connection once take made it, and fails the test if it could
+// not.
+func (h *silentStranger) connected(t *testing.T, ctx context.Context, m *lazyStall) net.Conn {
+	t.Helper()
+	select {
+	case c := <-h.held:
+		return c
+	case err := <-h.failed:
+		t.Fatalf("the stranger could not take CRIU's lazy page server: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the checkpoint's send never reached the proxy:\n%s", m.out.String())
+	}
+	return nil
 }
 
 // criuListener returns the address of CRIU's lazy page server: the one root listener on
