@@ -135,9 +135,6 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	}
 	phase("checkpoint")
 	defer func() {
-		if lazy != nil {
-			os.RemoveAll(checkpoint.LazyTLSDir(o.WorkDir))
-		}
 		if retErr != nil {
 			if lazy != nil {
 				lazy.Close() // CRIU lets the frozen task go; the resume waits for that
@@ -155,7 +152,8 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	}
 	if lazy != nil {
 		err := lazy.Start(ctx)
-		// CRIU read its TLS files when the relay connected; a failed start ends the dump
+		// CRIU read its TLS files when the relay connected (the shim removes them when the dump
+		// ends, also after every failure before this point)
 		os.RemoveAll(checkpoint.LazyTLSDir(o.WorkDir))
 		if err != nil {
 			return nil, fmt.Errorf("%w; nothing was restored, and the source resumes where it was frozen", err)
