@@ -168,6 +168,7 @@ type checkpointOpts struct {
 	signer    string // key name; "" leaves it unsigned
 	cri       bool   // CRI layout: berth.json only beside the images
 	files     map[string]string
+	planted   map[string]string    // files written after the signature (no manifest lists them)
 	security  *privilege.Container // nil: FromSpec(podSpec)
 }
 
@@ -211,6 +212,11 @@ func writeCheckpointWith(t *testing.T, root, name string, o checkpointOpts) stri
 	}
 	if o.signer != "" {
 		signWith(t, signed, o.signer)
+	}
+	for p, body := range o.planted {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }

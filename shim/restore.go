@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -193,6 +194,13 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 		return fmt.Errorf("checkpoint %s changed while it was verified: %w", plan.name(), err)
 	}
 	plan.stat, plan.manifest = after, m
+	if !atTop {
+		// a CRI archive: its berth.json covers checkpoint/ only, so nothing but containerd's own
+		// files may lie beside it (a receiver's stamp of checkpoint/ too, never in an archive)
+		if err := checkpoint.CheckCRITop(root, plan.extracted == ""); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
+		}
+	}
 	if err := s.compareFingerprint(ctx, plan.name(), m); err != nil {
 		return err
 	}
@@ -335,30 +343,28 @@ func (s *Service) compareFingerprint(ctx context.Context, dir string, m *checkpo
 
 // chooseRootfsDiff returns the rootfs diff the restore applies (a path relative to the
 // checkpoint directory, "" for none), after checking it against the limits (scanRootfsDiff).
-// Only a diff that a signature covers is applied:
+// Only a diff that the verified manifest lists is applied, whatever else lies in the directory:
 //
 //   - a checkpoint whose berth.json is at its top (berthctl's, or an archive that `berthctl
-//     checkpoint push` signed whole): its rootfs-diff.tar, which the manifest lists;
-//   - otherwise the shim's own copy beside the CRIU images (checkpoint.ImagesRootfsDiffFile),
-//     which the images' berth.json lists;
+//     checkpoint push` signed whole): its rootfs-diff.tar when listed, else the shim's own copy
+//     (checkpoint.ImagesRootfsDiffFile) inside its CRIU image directory, or at its top when the
+//     checkpoint is a bare CRIU image directory of the shim's;
+//   - a CRI archive (berth.json only beside the CRIU images): the shim's own copy beside the
+//     images, when the images' berth.json lists it;
 //   - a CRI archive's rootfs-diff.tar, which containerd writes after the shim signed the images,
 //     is covered by nothing: when it is not empty it is refused (ErrUncoveredRootfsDiff), unless
 //     the trust policy allows unsigned checkpoints (then it is applied with a warning).
+//
+// A berth-rootfs-diff.tar at the top of a CRI archive is never taken (admit refused it already:
+// checkpoint.CheckCRITop).
 func (s *Service) chooseRootfsDiff(ctx context.Context, plan *restorePlan, atTop bool) (string, error) {
 	root := plan.root()
-	exists := func(rel string) bool {
-		fi, err := os.Lstat(filepath.Join(root, rel))
-		return err == nil && fi.Mode().IsRegular()
-	}
-	var choice string
-	switch {
-	case atTop && exists(checkpoint.RootfsDiffFile):
-		choice = checkpoint.RootfsDiffFile
-	case exists(checkpoint.ImagesRootfsDiffFile):
-		choice = checkpoint.ImagesRootfsDiffFile // a bare CRIU image directory of the shim's
-	case exists(checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile):
-		choice = checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile
-	case exists(checkpoint.RootfsDiffFile):
+	choice := rootfsDiffOf(plan.manifest, atTop)
+	if choice == "" {
+		fi, err := os.Lstat(filepath.Join(root, checkpoint.RootfsDiffFile))
+		if atTop || err != nil || !fi.Mode().IsRegular() {
+			return "", nil
+		}
 		entries, err := s.scanRootfsDiff(filepath.Join(root, checkpoint.RootfsDiffFile))
 		if err != nil {
 			return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), checkpoint.RootfsDiffFile, err)
@@ -372,13 +378,38 @@ func (s *Service) chooseRootfsDiff(ctx context.Context, plan *restorePlan, atTop
 		}
 		log.G(ctx).WithField("checkpoint", plan.name()).Warn("allow_unsigned: applying a rootfs diff that no signature covers")
 		return checkpoint.RootfsDiffFile, nil
-	default:
-		return "", nil
 	}
 	if _, err := s.scanRootfsDiff(filepath.Join(root, choice)); err != nil {
 		return "", fmt.Errorf("checkpoint %s: %s: %w", plan.name(), choice, err)
 	}
 	return choice, nil
+}
+
+// rootfsDiffOf returns the rootfs diff that the verified manifest m lists, as a path relative to
+// the checkpoint directory ("" when it lists none), in chooseRootfsDiff's order. atTop says
+// whether m is the checkpoint's top-level berth.json (else it is the CRIU images' own, inside
+// checkpoint.ImagesDir). admit verified every file m lists, so the path returned was digested.
+func rootfsDiffOf(m *checkpoint.Manifest, atTop bool) string {
+	if m == nil {
+		return ""
+	}
+	listed := func(rel string) bool {
+		return slices.ContainsFunc(m.Files, func(f checkpoint.File) bool { return f.Path == rel })
+	}
+	inImages := checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile
+	switch {
+	case !atTop && listed(checkpoint.ImagesRootfsDiffFile):
+		return inImages // the images' manifest: its paths are relative to checkpoint/
+	case !atTop:
+		return ""
+	case listed(checkpoint.RootfsDiffFile):
+		return checkpoint.RootfsDiffFile
+	case listed(inImages):
+		return inImages
+	case listed(checkpoint.ImagesRootfsDiffFile):
+		return checkpoint.ImagesRootfsDiffFile // a bare CRIU image directory of the shim's
+	}
+	return ""
 }
 
 // applyRootfsDiff applies the rootfs diff chosen in Create (whiteouts included) to the mounted

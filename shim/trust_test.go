@@ -293,6 +293,19 @@ func TestRestoreRootfsDiff(t *testing.T) {
 	cri("cri-empty", map[string]string{checkpoint.RootfsDiffFile: empty})
 	cri("cri-own", map[string]string{checkpoint.RootfsDiffFile: diff, "checkpoint/" + checkpoint.ImagesRootfsDiffFile: string(tarOf(t, false, map[string]string{"etc/motd": "hi"}))})
 	cri("cri-bomb", map[string]string{checkpoint.RootfsDiffFile: big})
+	// a signed CRI archive with an unsigned berth-rootfs-diff.tar planted at its top (a script
+	// as /bin/sh): once chosen over the signed checkpoint/berth-rootfs-diff.tar
+	planted := string(tarOf(t, false, map[string]string{"bin/sh": "#!/planted\n"}))
+	writeCheckpointWith(t, root, "cri-planted", checkpointOpts{fp: nodeFP, signer: "node", cri: true,
+		files:   map[string]string{"checkpoint/" + checkpoint.ImagesRootfsDiffFile: string(tarOf(t, false, map[string]string{"etc/motd": "hi"}))},
+		planted: map[string]string{checkpoint.ImagesRootfsDiffFile: planted}})
+	writeCheckpointWith(t, root, "cri-planted-only", checkpointOpts{fp: nodeFP, signer: "node", cri: true,
+		planted: map[string]string{checkpoint.ImagesRootfsDiffFile: planted}})
+	writeCheckpointWith(t, root, "cri-other-file", checkpointOpts{fp: nodeFP, signer: "node", cri: true,
+		planted: map[string]string{"run.sh": "#!/bin/sh\n"}})
+	writeCheckpointWith(t, root, "top-planted", checkpointOpts{fp: nodeFP, signer: "node",
+		files:   map[string]string{checkpoint.RootfsDiffFile: diff},
+		planted: map[string]string{checkpoint.ImagesRootfsDiffFile: planted}})
 	writeCheckpointWith(t, root, "top", checkpointOpts{fp: nodeFP, signer: "node", files: map[string]string{checkpoint.RootfsDiffFile: diff}})
 	writeCheckpointWith(t, root, "top-bomb", checkpointOpts{fp: nodeFP, signer: "node", files: map[string]string{checkpoint.RootfsDiffFile: big}})
 	strict := trustService(t, root, policy(t, false))
@@ -316,6 +329,14 @@ func TestRestoreRootfsDiff(t *testing.T) {
 		{ref: "top-bomb", s: strict, sentinel: ErrRootfsDiffTooLarge, class: errdefs.ErrInvalidArgument,
 			msg: []string{`entry "var/big"`, "more than 1048576 bytes", "max_rootfs_diff_bytes"}},
 		{ref: "cri-bomb", s: lab, sentinel: ErrRootfsDiffTooLarge, class: errdefs.ErrInvalidArgument},
+		{ref: "cri-planted", s: strict, sentinel: checkpoint.ErrExtraFile, class: errdefs.ErrFailedPrecondition,
+			msg: []string{checkpoint.ImagesRootfsDiffFile + ": file not in manifest", "nothing covers this one"}},
+		{ref: "cri-planted", s: lab, sentinel: checkpoint.ErrExtraFile, class: errdefs.ErrFailedPrecondition},
+		{ref: "cri-planted-only", s: strict, sentinel: checkpoint.ErrExtraFile, class: errdefs.ErrFailedPrecondition},
+		{ref: "cri-other-file", s: strict, sentinel: checkpoint.ErrExtraFile, class: errdefs.ErrFailedPrecondition,
+			msg: []string{"run.sh: file not in manifest"}},
+		{ref: "top-planted", s: strict, sentinel: checkpoint.ErrExtraFile, class: errdefs.ErrFailedPrecondition,
+			msg: []string{checkpoint.ImagesRootfsDiffFile + ": file not in manifest"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.ref, func(t *testing.T) {
@@ -562,5 +583,39 @@ func TestCheckpointSignedManifest(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "checkpoint written unsigned") {
 		t.Errorf("no warning: %s", logs)
+	}
+}
+
+// TestRootfsDiffOf: the diff applied is the one the verified manifest lists, never a file of
+// the same name beside it.
+func TestRootfsDiffOf(t *testing.T) {
+	files := func(paths ...string) *checkpoint.Manifest {
+		m := &checkpoint.Manifest{}
+		for _, p := range paths {
+			m.Files = append(m.Files, checkpoint.File{Path: p})
+		}
+		return m
+	}
+	inImages := checkpoint.ImagesDir + "/" + checkpoint.ImagesRootfsDiffFile
+	tests := []struct {
+		name  string
+		m     *checkpoint.Manifest
+		atTop bool
+		want  string
+	}{
+		{"none", nil, true, ""},
+		{"top rootfs-diff", files(checkpoint.RootfsDiffFile, inImages), true, checkpoint.RootfsDiffFile},
+		{"top shim copy", files(inImages), true, inImages},
+		{"bare image dir", files(checkpoint.ImagesRootfsDiffFile, "pages-1.img"), true, checkpoint.ImagesRootfsDiffFile},
+		{"cri signed copy", files(checkpoint.ImagesRootfsDiffFile), false, inImages},
+		{"cri no copy", files("pages-1.img"), false, ""},
+		{"cri never the top", files(checkpoint.RootfsDiffFile), false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := rootfsDiffOf(tc.m, tc.atTop); got != tc.want {
+				t.Errorf("rootfsDiffOf = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

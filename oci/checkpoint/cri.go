@@ -44,7 +44,8 @@ func IsCRICheckpoint(dir string) bool {
 // containerd wrote rootfs-diff.tar, spec.dump, config.dump and the rest afterwards.
 //
 // SignCRICheckpoint first verifies the CRIU images against checkpoint/berth.json (so it never
-// signs images changed since the shim wrote them), then writes dir/berth.json whose Fingerprint,
+// signs images changed since the shim wrote them) and that nothing but containerd's own files
+// lies beside them (CheckCRITop), then writes dir/berth.json whose Fingerprint,
 // CRIU, GPU, Phases, Created, Security and the Kubernetes namespace, pod and container name come
 // from checkpoint/berth.json and whose other Container fields come from
 // config.dump (id, name as Image when no image name is recorded, rootfsImageName, rootfsImageRef
@@ -52,7 +53,7 @@ func IsCRICheckpoint(dir string) bool {
 // included. The other files cannot be verified against anything: whoever signs vouches for them.
 //
 // Errors: ErrNotCRICheckpoint (wrapped) when dir has a top-level berth.json already, or lacks
-// checkpoint/berth.json or config.dump; ReadManifest's and Verify's errors for the CRIU images
+// checkpoint/berth.json or config.dump; ErrExtraFile (wrapped) for any other file at the top; ReadManifest's and Verify's errors for the CRIU images
 // (ErrDigestMismatch and so on, naming checkpoint/<file>); a config.dump that is not JSON or is
 // larger than 1 MiB; WriteManifest's errors.
 func SignCRICheckpoint(dir string) (*Manifest, error) {
@@ -69,6 +70,9 @@ func SignCRICheckpoint(dir string) (*Manifest, error) {
 	}
 	if err := Verify(images, inner); err != nil {
 		return nil, fmt.Errorf("CRIU images of %s are not intact: %s/%w", dir, ImagesDir, err)
+	}
+	if err := CheckCRITop(dir, false); err != nil {
+		return nil, fmt.Errorf("CRI checkpoint %s holds a file that neither the shim's signature nor containerd's layout accounts for, so it is not signed: %w", dir, err)
 	}
 	cfg, err := readCRIConfig(dir)
 	if err != nil {

@@ -27,6 +27,13 @@ func makeCRIArchive(t testing.TB, dst string, tamper bool) {
 // makeCRIArchiveSize is makeCRIArchive with size bytes of CRIU images.
 func makeCRIArchiveSize(t testing.TB, dst string, size int, tamper bool) {
 	t.Helper()
+	makeCRIArchiveWith(t, dst, size, tamper, nil)
+}
+
+// makeCRIArchiveWith is makeCRIArchiveSize with more files at the archive's top (planted: no
+// manifest lists them).
+func makeCRIArchiveWith(t testing.TB, dst string, size int, tamper bool, planted map[string]string) {
+	t.Helper()
 	dir := t.TempDir()
 	makeCheckpoint(t, dir, size)
 	if err := os.Remove(filepath.Join(dir, checkpoint.ManifestFile)); err != nil {
@@ -36,7 +43,11 @@ func makeCRIArchiveSize(t testing.TB, dst string, size int, tamper bool) {
 	if err := checkpoint.WriteManifest(images, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1", KubernetesNamespace: "ns"}}); err != nil {
 		t.Fatal(err)
 	}
-	for name, body := range map[string]string{"config.dump": `{"id":"c1"}`, "rootfs-diff.tar": ""} {
+	top := map[string]string{"config.dump": `{"id":"c1"}`, "rootfs-diff.tar": ""}
+	for name, body := range planted {
+		top[name] = body
+	}
+	for name, body := range top {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +143,17 @@ func TestCRIArchiveRefused(t *testing.T) {
 	}
 	if o := wait(t, out); !errors.Is(o.err, checkpoint.ErrDigestMismatch) {
 		t.Errorf("receiver: %v, want ErrDigestMismatch", o.err)
+	}
+	// a signed archive with an unsigned file planted at its top (berth-rootfs-diff.tar, which a
+	// restore once took): no receiver keeps it
+	planted := filepath.Join(tmp, "planted.tar")
+	makeCRIArchiveWith(t, planted, 2<<20, false, map[string]string{checkpoint.ImagesRootfsDiffFile: "#!/bin/sh\n"})
+	_, err = SendCRIArchive(context.Background(), dial(t, addr), planted, "planted", nil)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), checkpoint.ImagesRootfsDiffFile) {
+		t.Errorf("planted: %v, want ErrRejected naming %s", err, checkpoint.ImagesRootfsDiffFile)
+	}
+	if o := wait(t, out); !errors.Is(o.err, checkpoint.ErrExtraFile) {
+		t.Errorf("receiver: %v, want ErrExtraFile", o.err)
 	}
 	_, err = SendCRIArchive(context.Background(), dial(t, addr), good, "untrusted", nil)
 	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), refuse.Error()) {

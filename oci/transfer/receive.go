@@ -666,6 +666,13 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	if err := checkpoint.VerifyDigests(signedDir, m, digests); err != nil {
 		return "", drained, fmt.Errorf("receive %s: %s%w", name, strings.TrimPrefix(signed+"/", "./"), err)
 	}
+	if signed != "." {
+		// a CRI archive: beside the signed checkpoint/, only the files containerd writes, which
+		// no restore reads; anything else is kept by no receiver
+		if err := checkpoint.CheckCRITop(staging, false); err != nil {
+			return "", drained, fmt.Errorf("receive %s: %w", name, err)
+		}
+	}
 	if r.Verify != nil {
 		if err := r.Verify(ctx, signedDir); err != nil {
 			return "", drained, fmt.Errorf("receive %s: refused by verification: %w", name, err)

@@ -167,6 +167,20 @@ func trustKey(t *testing.T, dir string) *signature.Key {
 	return k
 }
 
+// trustTar is an uncompressed tar of the named regular files (mode 0755).
+func trustTar(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, body := range files {
+		fltNoErr(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(body)), Typeflag: tar.TypeReg}))
+		_, err := tw.Write([]byte(body))
+		fltNoErr(t, err)
+	}
+	fltNoErr(t, tw.Close())
+	return buf.Bytes()
+}
+
 // trustBomb is a gzipped tar holding one file of size zero bytes (1 GiB is about 1 MB).
 func trustBomb(t *testing.T, size int64) []byte {
 	t.Helper()
@@ -308,6 +322,20 @@ func TestTrust(t *testing.T) {
 			trustRefused(t, dst, "forged archive ("+v.name+")", err, v.want...)
 		})
 	}
+
+	t.Run("unsigned rootfs diff planted at the top of a signed archive", func(t *testing.T) {
+		// the shim's signed checkpoint/berth-rootfs-diff.tar stays; a berth-rootfs-diff.tar of
+		// the attacker's beside it replaces /bin/sh and drops a marker: once it was applied
+		d := filepath.Join(dir, "planted")
+		trustExtract(t, plain, d)
+		planted := trustTar(t, map[string]string{"bin/sh": "#!/bin/busybox sh\necho planted > /planted\n", "planted-marker": "x"})
+		fltNoErr(t, os.WriteFile(filepath.Join(d, checkpoint.ImagesRootfsDiffFile), planted, 0o600))
+		ar := fltWriteArchive(t, d, filepath.Join(root, "trust-planted.tar"))
+		sums := fltDigests(t, ar)
+		_, err := trustRestore(t, ctx, dst, dir, podA, "trust-dst", "planted", trustPlain, filepath.Base(ar))
+		trustRefused(t, dst, "planted rootfs diff", err, checkpoint.ImagesRootfsDiffFile+": file not in manifest")
+		fltRequireSums(t, ar, sums, "")
+	})
 
 	t.Run("spec.dump edited to another namespace", func(t *testing.T) {
 		d := filepath.Join(dir, "specdump")

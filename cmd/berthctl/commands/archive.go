@@ -47,7 +47,7 @@ func (a *archiveManifest) covers() string {
 	if a.Dir == "" {
 		return "every file of the archive"
 	}
-	return "the CRIU images (" + a.Dir + "/) only: the rest of a kubelet archive (rootfs-diff.tar, spec.dump, config.dump) is written by containerd after the shim signed"
+	return "the CRIU images (" + a.Dir + "/) only: the rest of a kubelet archive (rootfs-diff.tar, spec.dump, config.dump) is written by containerd after the shim signed, is never read by a restore, and may hold nothing else"
 }
 
 // archiveName returns an entry's name, cleaned and relative ("./checkpoint/x" is "checkpoint/x").
@@ -165,7 +165,8 @@ func readArchive(p string) (*archiveManifest, error) {
 // verifyArchive checks the archive p whose manifest readArchive returned: berth.sig must be the
 // signature of a key that policy trusts (for the Kubernetes namespace the manifest records) over
 // berth.json byte for byte, and every file under a.Dir must be the one the manifest lists (size
-// and sha256), with none missing and none extra. It returns the signing key's id, "" when the
+// and sha256), with none missing and none extra; in a kubelet archive, every other entry must be
+// one of the files containerd writes beside checkpoint/ (checkpoint.CheckCRIEntry). It returns the signing key's id, "" when the
 // archive passes only thanks to allow_unsigned (reported on warn).
 func verifyArchive(ctx context.Context, policy *signature.Policy, p string, a *archiveManifest, warn io.Writer) (string, error) {
 	// the policy verifies a directory: the two small files, in a private temporary one
@@ -237,7 +238,18 @@ func verifyArchiveDigests(p string, a *archiveManifest) error {
 			return fmt.Errorf("checkpoint archive %s: %w", p, err)
 		}
 		name, ok := strings.CutPrefix(archiveName(h), prefix)
-		if !ok || name == "." || name == checkpoint.ManifestFile || name == checkpoint.SignatureFile {
+		if !ok {
+			// a kubelet archive outside checkpoint/: containerd's files only, none of them read
+			// by a restore (what the shim and a receiver refuse, --verify refuses too)
+			if err := checkpoint.CheckCRIEntry(archiveName(h), h.Typeflag == tar.TypeDir); err != nil {
+				return fmt.Errorf("checkpoint archive %s: %w", p, err)
+			}
+			if h.Typeflag != tar.TypeDir && h.Typeflag != tar.TypeReg {
+				return fmt.Errorf("checkpoint archive %s: %s: %w", p, h.Name, checkpoint.ErrUnsupportedFile)
+			}
+			continue
+		}
+		if name == "." || name == checkpoint.ManifestFile || name == checkpoint.SignatureFile {
 			continue
 		}
 		switch h.Typeflag {

@@ -24,6 +24,13 @@ import (
 // CRIU images after signing.
 func kubeletArchive(t *testing.T, tr *testTrust, edit func(images string)) string {
 	t.Helper()
+	return kubeletArchiveWith(t, tr, edit, nil)
+}
+
+// kubeletArchiveWith is kubeletArchive with more files at the archive's top (planted: no
+// manifest lists them), after containerd's.
+func kubeletArchiveWith(t *testing.T, tr *testTrust, edit func(images string), planted map[string][]byte) string {
+	t.Helper()
 	images := checkpointDir(t, checkpointFingerprint()) // the shim's directory
 	if err := os.Remove(filepath.Join(images, checkpoint.SpecFile)); err != nil {
 		t.Fatal(err)
@@ -67,6 +74,9 @@ func kubeletArchive(t *testing.T, tr *testTrust, edit func(images string)) strin
 		t.Fatal(err)
 	}
 	add("rootfs-diff.tar", make([]byte, 1024))
+	for name, body := range planted {
+		add(name, body)
+	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +132,14 @@ func TestKubeletArchive(t *testing.T) {
 	})
 	if _, err := run(CheckpointInspect, tr.g, "--verify", extra); !errors.Is(err, checkpoint.ErrExtraFile) {
 		t.Errorf("inspect --verify of an added image: %v", err)
+	}
+	// a file planted at the top, where the shim once took berth-rootfs-diff.tar from (a shell
+	// script as /bin/sh inside it), or any name containerd does not write
+	for _, name := range []string{checkpoint.ImagesRootfsDiffFile, "run.sh"} {
+		planted := kubeletArchiveWith(t, tr, nil, map[string][]byte{name: []byte("#!/bin/sh\n")})
+		if _, err := run(CheckpointInspect, tr.g, "--verify", planted); !errors.Is(err, checkpoint.ErrExtraFile) || !strings.Contains(err.Error(), name) {
+			t.Errorf("inspect --verify of %s planted at the top: %v, want ErrExtraFile naming it", name, err)
+		}
 	}
 	// a forged berth.json (new digests) with the old signature
 	forged := kubeletArchive(t, tr, func(images string) { forge(t, images) })
