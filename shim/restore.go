@@ -169,10 +169,11 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 		return err
 	}
 	dstNS := spec.Annotations[oci.AnnotationCRISandboxNamespace]
-	m, signed, err := s.verifySignature(ctx, plan.name(), signedDir, dstNS)
+	m, keyID, err := s.verifySignature(ctx, plan.name(), signedDir, dstNS)
 	if err != nil {
 		return err
 	}
+	signed := keyID != ""
 	// a receiver's (or a pull's) stamp, kept beside the checkpoint in the root, spares reading
 	// files it recorded as verified and unchanged since; for a CRI checkpoint a receiver
 	// extracted (transfer.LayoutCRI) it is beside checkpoint/, inside the checkpoint directory
@@ -205,6 +206,12 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 		return err
 	}
 	src := sourceOf(root, m, atTop)
+	if signed && src.namespace != dstNS && !s.deps.Trust.TrustedFor(keyID, src.namespace) {
+		// the keys were chosen for the destination's namespace; the signer must also be
+		// trusted for the namespace its signed manifest says the checkpoint was taken in
+		return fmt.Errorf("checkpoint %s: signed by %s, which is not trusted for namespace %q, where its signed manifest says it was taken: %w (trust policy of %s)",
+			plan.name(), keyID, src.namespace, signature.ErrUntrustedKey, s.configName())
+	}
 	if err := s.checkNamespace(plan.name(), src.namespace, dstNS); err != nil {
 		return err
 	}
@@ -232,27 +239,28 @@ func (s *Service) admit(ctx context.Context, plan *restorePlan, spec *specs.Spec
 
 // verifySignature checks the signature of dir's berth.json (signedDir is where it is, read
 // through the held directory) with the trust policy for Kubernetes namespace ns, and returns the
-// manifest parsed from the signed bytes. Under allow_unsigned, a checkpoint that is unsigned or
-// signed by an unknown key is logged as a warning and its manifest read from disk (signed false).
-func (s *Service) verifySignature(ctx context.Context, dir, signedDir, ns string) (_ *checkpoint.Manifest, signed bool, _ error) {
+// manifest parsed from the signed bytes and the signing key's id. Under allow_unsigned, a
+// checkpoint that is unsigned or signed by an unknown key is logged as a warning and its
+// manifest read from disk (key id "").
+func (s *Service) verifySignature(ctx context.Context, dir, signedDir, ns string) (_ *checkpoint.Manifest, keyID string, _ error) {
 	v, err := s.deps.Trust.Verify(ctx, signedDir, ns)
 	if err != nil {
-		return nil, false, fmt.Errorf("%w (trust policy of %s: a checkpoint restores only when a key in trusted_keys signed it)", err, s.configName())
+		return nil, "", fmt.Errorf("%w (trust policy of %s: a checkpoint restores only when a key in trusted_keys signed it)", err, s.configName())
 	}
 	if v.Warning != nil {
 		log.G(ctx).WithError(v.Warning).WithField("checkpoint", dir).Warn("allow_unsigned: restoring a checkpoint that no trusted key signed")
 		m, err := checkpoint.ReadManifest(signedDir)
 		if err != nil {
-			return nil, false, fmt.Errorf("checkpoint %s: %w", dir, err)
+			return nil, "", fmt.Errorf("checkpoint %s: %w", dir, err)
 		}
-		return m, false, nil
+		return m, "", nil
 	}
 	m, err := checkpoint.ParseManifest(v.Manifest)
 	if err != nil {
-		return nil, false, fmt.Errorf("checkpoint %s: signed %s: %w", dir, checkpoint.ManifestFile, err)
+		return nil, "", fmt.Errorf("checkpoint %s: signed %s: %w", dir, checkpoint.ManifestFile, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"checkpoint": dir, "key": v.KeyID}).Info("checkpoint signature verified")
-	return m, true, nil
+	return m, v.KeyID, nil
 }
 
 // source is what a checkpoint's manifest says of the container it was taken from.

@@ -87,6 +87,9 @@ func TestRestoreSignatures(t *testing.T) {
 	ck("attacker", "attacker")
 	ck("other", "other")
 	writeCheckpointWith(t, root, "other-prod", checkpointOpts{fp: nodeFP, signer: "other", namespace: "prod"})
+	// a key trusted only for prod signs a checkpoint its manifest says was taken in staging,
+	// which namespace_mappings lets into prod
+	writeCheckpointWith(t, root, "other-staging", checkpointOpts{fp: nodeFP, signer: "other", namespace: "staging"})
 	// forged: an image edited, digests and berth.json regenerated; the node's signature left
 	forged := ck("forged", "node")
 	if err := os.WriteFile(filepath.Join(forged, "checkpoint/core-1.img"), []byte("uid 0"), 0o600); err != nil {
@@ -129,6 +132,8 @@ func TestRestoreSignatures(t *testing.T) {
 		{name: "key trusted for another namespace, outside Kubernetes", ref: "other", ns: "", s: strict, sentinel: signature.ErrUntrustedKey,
 			want: []string{otherID}},
 		{name: "key trusted for this namespace", ref: "other-prod", ns: "prod", s: strict},
+		{name: "key trusted for the destination, not for the signed manifest's namespace", ref: "other-staging", ns: "prod", s: strict,
+			sentinel: signature.ErrUntrustedKey, want: []string{otherID, `not trusted for namespace "staging", where its signed manifest says it was taken`}},
 		{name: "forged: digests regenerated, signature kept", ref: "forged", ns: "default", s: strict, sentinel: signature.ErrBadSignature,
 			want: []string{"berth.json differs from the manifest"}},
 		{name: "forged and signed by an unknown key", ref: "forged-signed", ns: "default", s: strict, sentinel: signature.ErrUntrustedKey,

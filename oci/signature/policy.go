@@ -107,6 +107,15 @@ func (p *Policy) keysFor(ns string) []*Key {
 	return out
 }
 
+// TrustedFor reports whether the key with id keyID is trusted for checkpoints of Kubernetes
+// namespace ns ("" outside Kubernetes: only keys without a namespace list), as keysFor decides.
+// A restore asks it for the namespace its signed manifest records, beside the destination's
+// that Verify chose the keys for: a key trusted only for "staging" signs for "staging" alone,
+// whatever a spec or a mapping says of the destination.
+func (p *Policy) TrustedFor(keyID, ns string) bool {
+	return slices.ContainsFunc(p.keysFor(ns), func(k *Key) bool { return k.ID == keyID })
+}
+
 // Verified is the outcome of Policy.Verify.
 type Verified struct {
 	// Manifest is the exact signed berth.json; nil when the checkpoint restores unverified under

@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
 )
@@ -76,6 +77,9 @@ type Source struct {
 	Dir string
 	// SignedBy is the id of the key that signed it ("" when unsigned).
 	SignedBy string
+	// Spec is the container's OCI spec as the source's containerd reports it (what spec.dump
+	// holds); nil when containerd has none.
+	Spec *specs.Spec
 	// lease is the pause lease held on Task (nil without one).
 	lease *pauseLease
 }
@@ -277,6 +281,13 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if err := os.WriteFile(filepath.Join(o.Dir, checkpoint.SpecFile), spec, 0o600); err != nil {
 		return nil, err
 	}
+	var liveSpec *specs.Spec
+	if len(spec) > 0 {
+		liveSpec = &specs.Spec{}
+		if err := json.Unmarshal(spec, liveSpec); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: the container's spec: %w", o.ID, err)
+		}
+	}
 	m := &checkpoint.Manifest{
 		Version:     checkpoint.ManifestVersion,
 		Created:     time.Now().UTC(),
@@ -314,7 +325,7 @@ func Checkpoint(ctx context.Context, c *containerd.Client, o CheckpointOptions) 
 	if err := checkpoint.RestrictModes(o.Dir); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", o.ID, err)
 	}
-	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy, lease: lease}
+	src := &Source{Task: task, Manifest: m, Dir: o.Dir, SignedBy: signedBy, Spec: liveSpec, lease: lease}
 	if o.Exit {
 		src.Task = nil
 	}

@@ -162,6 +162,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (_ *MigrateResult, retErr er
 	phase("transfer")
 	dtask, err := Restore(ctx, o.Dst, RestoreOptions{
 		Namespace: o.Namespace, ID: o.TargetID, Ref: o.Name, Dir: o.WorkDir, LogPath: o.LogPath,
+		Source: src.Spec, // the operator's running container, as the source's containerd has it
 	})
 	if err != nil {
 		return nil, err
