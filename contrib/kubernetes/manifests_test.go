@@ -19,6 +19,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -42,6 +43,7 @@ type objects struct {
 	daemonSets     []appsv1.DaemonSet
 	pods           []corev1.Pod
 	runtimeClasses []nodev1.RuntimeClass
+	netPolicies    []networkingv1.NetworkPolicy
 }
 
 // splitDocuments splits a multi-document YAML file on "---" lines and drops documents that hold
@@ -126,6 +128,10 @@ func load(t *testing.T) objects {
 				var v nodev1.RuntimeClass
 				strict(t, name, doc, &v)
 				o.runtimeClasses = append(o.runtimeClasses, v)
+			case "networking.k8s.io/v1 NetworkPolicy":
+				var v networkingv1.NetworkPolicy
+				strict(t, name, doc, &v)
+				o.netPolicies = append(o.netPolicies, v)
 			default:
 				t.Fatalf("%s: unexpected apiVersion %q kind %q (add it to this test)", name, tm.APIVersion, tm.Kind)
 			}
@@ -167,7 +173,7 @@ func TestRuntimeClass(t *testing.T) {
 
 // hostPathsAllowed are, per DaemonSet, the host paths it may mount and whether writable.
 var hostPathsAllowed = map[string]map[string]bool{
-	"berth-nri":    {"/var/run/nri": true, "/sys": false, "/dev": false},
+	"berth-nri":    {"/var/run/nri": true, "/sys": false, "/dev": false, "/var/lib/berth/nri": true},
 	"berth-labels": {featuresDir: true, "/usr": false},
 	// the agent writes received checkpoints and the collector removes checkpoints there, nothing
 	// else; of /etc/berth it reads the configuration and the trusted public keys, never the whole
@@ -435,19 +441,49 @@ func TestNRIPlugin(t *testing.T) {
 	if !ok {
 		t.Errorf("NRI socket %q is not inside a writable mount of the host's /var/run/nri", cfg.Socket)
 	}
-	checkMetricsPort(t, cfg.MetricsAddress, c, ds.Spec.Template.Annotations)
+	checkMetricsPort(t, cfg.MetricsAddress, c, o.netPolicies)
+	// the record key lies in a writable host directory (it outlives the pod), and no namespace
+	// may ask berth-nri for GPUs: under a kubelet they are the device plugin's
+	keyDir := false
+	for _, m := range c.VolumeMounts {
+		if hp, isHost := mounts[m.Name]; isHost && hp == path.Dir(cfg.RecordKeyFile) && m.MountPath == path.Dir(cfg.RecordKeyFile) && !m.ReadOnly {
+			keyDir = true
+		}
+	}
+	if cfg.RecordKeyFile == "" || !keyDir {
+		t.Errorf("record_key_file %q is not inside a writable mount of the same host directory", cfg.RecordKeyFile)
+	}
+	if len(cfg.GPUAnnotationNamespaces) != 0 {
+		t.Errorf("gpu_annotation_namespaces = %v: under a kubelet no namespace may ask berth-nri for GPUs", cfg.GPUAnnotationNamespaces)
+	}
+	// least privilege: no token, no capability, RuntimeDefault seccomp, no escalation
+	sc := c.SecurityContext
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("berth-nri mounts a service account token; it never calls the API server")
+	}
+	if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("berth-nri's container security context %+v: want every capability dropped, none added, no escalation, a read-only root", sc)
+	}
+	if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("berth-nri runs without the RuntimeDefault seccomp profile")
+	}
+	if spec.HostPID || spec.HostNetwork || spec.HostIPC {
+		t.Error("berth-nri shares a host namespace")
+	}
 }
 
-// checkMetricsPort: berth-nri's metrics listener is reachable at the pod's IP on a container
-// port named metrics, and the pod's Prometheus annotations name that port.
-func checkMetricsPort(t *testing.T, address string, c corev1.Container, annotations map[string]string) {
+// checkMetricsPort: berth-nri's metrics are not readable by every pod of the cluster: the
+// listener is on the pod's loopback, or it is on the pod's IP behind a container port named
+// metrics that a NetworkPolicy of berth-nri's pods admits from named namespaces only.
+func checkMetricsPort(t *testing.T, address string, c corev1.Container, policies []networkingv1.NetworkPolicy) {
 	t.Helper()
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
-		t.Fatalf("metrics_address %q: %v (the DaemonSet exposes metrics)", address, err)
+		t.Fatalf("metrics_address %q: %v", address, err)
 	}
-	if host != "" && host != "0.0.0.0" && host != "::" {
-		t.Errorf("metrics_address %q: listens on %s only; Prometheus scrapes the pod's IP", address, host)
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return
 	}
 	exposed := false
 	for _, p := range c.Ports {
@@ -458,8 +494,18 @@ func checkMetricsPort(t *testing.T, address string, c corev1.Container, annotati
 	if !exposed {
 		t.Errorf("container %s has no TCP port named metrics = %s (metrics_address %q): %+v", c.Name, port, address, c.Ports)
 	}
-	if annotations["prometheus.io/scrape"] != "true" || annotations["prometheus.io/port"] != port || annotations["prometheus.io/path"] != "/metrics" {
-		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %q, path /metrics", annotations, port)
+	guarded := false
+	for _, np := range policies {
+		if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] == "berth-nri" && slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			for _, in := range np.Spec.Ingress {
+				for _, from := range in.From {
+					guarded = guarded || (from.NamespaceSelector != nil && len(from.NamespaceSelector.MatchLabels) > 0)
+				}
+			}
+		}
+	}
+	if !guarded {
+		t.Errorf("metrics_address %q listens on the pod network and no NetworkPolicy limits who may scrape it", address)
 	}
 }
 

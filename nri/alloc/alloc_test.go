@@ -233,8 +233,8 @@ func TestAssignedGPUs(t *testing.T) {
 	if topology.FormatIDList(p.GPUs) != "4-5" || p.ChosenGPUs || topology.FormatIDList(p.Mems) != "1" || topology.FormatIDList(p.CPUs) != "56,168" {
 		t.Fatalf("placement %+v", p)
 	}
-	if len(p.Warnings) != 0 {
-		t.Errorf("NV18 pair warned: %v", p.Warnings)
+	if len(p.Warnings) != 0 || p.Misaligned != nil {
+		t.Errorf("NV18 pair warned: %v %v", p.Warnings, p.Misaligned)
 	}
 	// A GPU someone else gave that berth already booked: conflict, nothing booked.
 	if _, _, err := s.Allocate(alloc.Request{ID: "y", AssignedGPUs: []int{5}, Policy: best}); !errors.Is(err, alloc.ErrConflict) ||
@@ -254,8 +254,12 @@ func TestAssignedGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "not link-adjacent: slowest pair SYS (GPU1-GPU2)") {
+	if len(p.Warnings) != 2 || !strings.Contains(p.Warnings[0], "not link-adjacent: slowest pair SYS (GPU1-GPU2)") ||
+		!strings.Contains(p.Warnings[1], "GPUs 1-2 hang off NUMA nodes 0-1") {
 		t.Errorf("warnings %v", p.Warnings)
+	}
+	if strings.Join(p.Misaligned, " ") != alloc.MisalignedLinks+" "+alloc.MisalignedNUMA {
+		t.Errorf("misaligned %v, want links and NUMA", p.Misaligned)
 	}
 	if topology.FormatIDList(p.Mems) != "0-1" {
 		t.Errorf("mems %v, want both nodes of the assigned GPUs", p.Mems)

@@ -23,6 +23,12 @@ func (s *State) decide(r Request) (Placement, error) {
 	p := Placement{ID: r.ID, Policy: r.Policy, Exclusive: r.ExclusiveCPUs > 0, Aligned: true}
 	if w := s.adjacencyWarning(assigned); w != "" {
 		p.Warnings = append(p.Warnings, w)
+		p.Misaligned = append(p.Misaligned, MisalignedLinks)
+	}
+	if numa := s.gpuNUMA(assigned); len(numa) > 1 {
+		p.Warnings = append(p.Warnings, fmt.Sprintf("GPUs %s hang off NUMA nodes %s: their CPUs and memory cannot all be local",
+			topology.FormatIDList(assigned), topology.FormatIDList(numa)))
+		p.Misaligned = append(p.Misaligned, MisalignedNUMA)
 	}
 	aligned := r.Policy != PolicyNone && (r.ExclusiveCPUs > 0 || r.GPUs > 0 || len(assigned) > 0)
 	if !aligned {
@@ -400,6 +406,17 @@ func (s *State) adjacencyWarning(gpus []int) string {
 	}
 	return fmt.Sprintf("GPUs %s are not link-adjacent: slowest pair %s (GPU%d-GPU%d), while this node has %d-GPU sets whose slowest pair is faster",
 		topology.FormatIDList(gpus), slow, pair[0], pair[1], len(gpus))
+}
+
+// gpuNUMA returns the NUMA nodes that GPUs gpus hang off (those of known affinity), ascending.
+func (s *State) gpuNUMA(gpus []int) []int {
+	var m uint64
+	for _, g := range gpus {
+		if g >= 0 && g < len(s.gpuMask) {
+			m |= s.gpuMask[g]
+		}
+	}
+	return s.maskIDs(m)
 }
 
 func pluralWord(n int, what string) string {

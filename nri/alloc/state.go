@@ -96,7 +96,20 @@ type Placement struct {
 	// Warnings are things an operator should know (an assigned GPU set that is not the best
 	// connected one, a best-effort placement that is not aligned).
 	Warnings []string `json:"-"`
+	// Misaligned says, in fixed words, how GPUs someone else gave the container (the kubelet's
+	// device plugin or DRA) fall short: MisalignedLinks, MisalignedNUMA; nil when they do not
+	// (or berth chose them). Recorded in the placement annotation and counted by berth-nri.
+	Misaligned []string `json:"misaligned,omitempty"`
 }
+
+// The values of Placement.Misaligned.
+const (
+	// MisalignedLinks: the assigned GPUs' slowest pair is slower than the best set of as many
+	// GPUs on this node has (not one NVLink island when the node has one of that size).
+	MisalignedLinks = "gpu_links"
+	// MisalignedNUMA: the assigned GPUs hang off more than one NUMA node.
+	MisalignedNUMA = "gpu_numa"
+)
 
 // Update is a new cpuset for a running shared container whose pool changed.
 type Update struct {

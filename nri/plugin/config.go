@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -63,6 +64,22 @@ type Config struct {
 	// at /metrics; "" disables the listener. An empty host listens on every address of the
 	// network namespace (a pod's IP in a DaemonSet). Default "127.0.0.1:9464".
 	MetricsAddress string `toml:"metrics_address"`
+	// GPUAnnotationNamespaces are the Kubernetes namespaces (a pod's sandbox namespace, as CRI
+	// reports it) whose containers may ask berth-nri for GPUs with berth.dev/gpus; "*" is every
+	// namespace. Default none: under a kubelet GPUs are the device plugin's or a DRA driver's to
+	// give, and berth-nri only aligns CPUs and memory to the GPUs a container got; a request for
+	// GPUs the container was not given is refused. List "*" on nodes where nothing else
+	// allocates GPUs (containerd driven by crictl or another CRI client without a kubelet).
+	GPUAnnotationNamespaces []string `toml:"gpu_annotation_namespaces"`
+	// RecordKeyFile holds the key (32 random bytes, created mode 0600 with its directory 0700
+	// when missing) berth-nri authenticates its berth.dev/placement records with, so that after
+	// a restart it believes only records it wrote: a pod can carry an annotation of that name
+	// too. Default /var/lib/berth/nri/record.key; "" keeps a key in memory only (records of an
+	// earlier run are then re-booked from what the containers hold, as shared).
+	RecordKeyFile string `toml:"record_key_file"`
+	// MaxAnnotationBytes bounds the value of a berth annotation berth-nri reads; a longer one is
+	// refused, quoted only in part. Default 4096.
+	MaxAnnotationBytes int `toml:"max_annotation_bytes"`
 }
 
 // DefaultConfig returns the configuration used for keys a file does not set.
@@ -78,6 +95,9 @@ func DefaultConfig() Config {
 		DevRoot:        "/dev",
 		RefreshSeconds: 30,
 		MetricsAddress: "127.0.0.1:9464",
+		RecordKeyFile:  "/var/lib/berth/nri/record.key",
+
+		MaxAnnotationBytes: 4096,
 	}
 }
 
@@ -154,6 +174,17 @@ func (c Config) Validate() error {
 	if c.CDI && c.CDIKind == "" {
 		return errors.New("cdi_kind: must not be empty when cdi = true")
 	}
+	for _, ns := range c.GPUAnnotationNamespaces {
+		if ns == "" {
+			return errors.New(`gpu_annotation_namespaces: an empty name (use "*" for every namespace)`)
+		}
+	}
+	if c.RecordKeyFile != "" && !filepath.IsAbs(c.RecordKeyFile) {
+		return fmt.Errorf("record_key_file %q: must be an absolute path", c.RecordKeyFile)
+	}
+	if c.MaxAnnotationBytes < 64 {
+		return fmt.Errorf("max_annotation_bytes %d: must be at least 64", c.MaxAnnotationBytes)
+	}
 	if c.RefreshSeconds < 0 {
 		return fmt.Errorf("refresh_seconds %d: must be >= 0", c.RefreshSeconds)
 	}
@@ -176,4 +207,10 @@ func (c Config) Refresh() time.Duration { return time.Duration(c.RefreshSeconds)
 func (c Config) Reserved() []int {
 	ids, _ := topology.ParseIDList(c.ReservedCPUs)
 	return ids
+}
+
+// gpuAnnotationAllowed reports whether containers of Kubernetes namespace ns may ask berth-nri
+// for GPUs (GPUAnnotationNamespaces).
+func (c Config) gpuAnnotationAllowed(ns string) bool {
+	return slices.Contains(c.GPUAnnotationNamespaces, "*") || slices.Contains(c.GPUAnnotationNamespaces, ns)
 }

@@ -21,7 +21,7 @@ func TestContribConfigIsTheDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := plugin.DefaultConfig()
-	got.GPUUUIDs = nil // [] in the file, nil by default
+	got.GPUUUIDs, got.GPUAnnotationNamespaces = nil, nil // [] in the file, nil by default
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("contrib/nri/berth-nri.toml = %+v\ndefaults = %+v", got, want)
 	}

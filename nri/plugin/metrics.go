@@ -40,6 +40,11 @@ const (
 	// MetricMemoryBoundContainers is the number of containers whose cpuset.mems includes a NUMA
 	// node (label numa_node). Memory is aligned, not sized: berth-nri tracks no byte counts.
 	MetricMemoryBoundContainers = "berth_nri_memory_bound_containers"
+	// MetricGPUsMisaligned counts containers placed with GPUs someone else gave them (the
+	// kubelet's device plugin or DRA) that fall short, labelled reason: gpu_links (not the
+	// best-connected set of that size this node has: not one NVLink island where it has one) or
+	// gpu_numa (the GPUs hang off more than one NUMA node). A container can count under both.
+	MetricGPUsMisaligned = "berth_nri_gpus_misaligned_total"
 )
 
 // The values of MetricRefusals' reason label, from the sentinel error a refusal wraps.
@@ -55,13 +60,16 @@ const (
 	ReasonUnplaceable = "unplaceable"
 	// ReasonConflict: a resource or the container id is already held (alloc.ErrConflict).
 	ReasonConflict = "conflict"
+	// ReasonGPUsNotGranted: berth.dev/gpus asked for GPUs where the kubelet gives them
+	// (ErrGPUsNotGranted).
+	ReasonGPUsNotGranted = "gpus_not_granted"
 	// ReasonOther: any other error.
 	ReasonOther = "other"
 )
 
 // refusalReasons returns every value of the reason label.
 func refusalReasons() []string {
-	return []string{ReasonBadAnnotation, ReasonUnknownPolicy, ReasonInvalidRequest, ReasonUnplaceable, ReasonConflict, ReasonOther}
+	return []string{ReasonBadAnnotation, ReasonUnknownPolicy, ReasonInvalidRequest, ReasonUnplaceable, ReasonConflict, ReasonGPUsNotGranted, ReasonOther}
 }
 
 // policyUnknown is the policy label of a container whose policy annotation names no policy.
@@ -79,6 +87,8 @@ func RefusalReason(err error) string {
 	switch {
 	case errors.Is(err, ErrBadAnnotation):
 		return ReasonBadAnnotation
+	case errors.Is(err, ErrGPUsNotGranted):
+		return ReasonGPUsNotGranted
 	case errors.Is(err, alloc.ErrUnknownPolicy): // before ErrInvalidRequest, which it wraps
 		return ReasonUnknownPolicy
 	case errors.Is(err, alloc.ErrInvalidRequest):
@@ -97,6 +107,7 @@ type metrics struct {
 	placements *prometheus.CounterVec
 	refusals   *prometheus.CounterVec
 	duration   prometheus.Histogram
+	gpuMisal   *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -114,7 +125,13 @@ func newMetrics() *metrics {
 			Help:    "Time from a CreateContainer request's arrival to its answer, lock wait included, in seconds (NRI's deadline: 2 s).",
 			Buckets: decisionBuckets(),
 		}),
+		gpuMisal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricGPUsMisaligned,
+			Help: "Containers placed with GPUs given by the kubelet that are not the best-connected set (gpu_links) or span NUMA nodes (gpu_numa).",
+		}, []string{"reason"}),
 	}
+	m.gpuMisal.WithLabelValues(alloc.MisalignedLinks)
+	m.gpuMisal.WithLabelValues(alloc.MisalignedNUMA)
 	// Every series of a fixed label set exists from the start, so that rates see the first event.
 	for _, pol := range []alloc.Policy{alloc.PolicyNone, alloc.PolicyBestEffort, alloc.PolicyRestricted, alloc.PolicySingleNUMANode} {
 		m.placements.WithLabelValues("placed", string(pol))
@@ -137,6 +154,13 @@ func (m *metrics) decided(policy string, err error, start, end time.Time) {
 	}
 	m.placements.WithLabelValues("refused", policy).Inc()
 	m.refusals.WithLabelValues(RefusalReason(err)).Inc()
+}
+
+// misaligned counts one placement's Misaligned reasons.
+func (m *metrics) misaligned(reasons []string) {
+	for _, r := range reasons {
+		m.gpuMisal.WithLabelValues(r).Inc()
+	}
 }
 
 // heldCollector exports the plugin's latest HeldByNUMA snapshot as gauges. It reads an atomic
@@ -186,7 +210,7 @@ func (c *heldCollector) Collect(ch chan<- prometheus.Metric) {
 
 // register adds the plugin's metrics to r.
 func (p *Plugin) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{p.metrics.placements, p.metrics.refusals, p.metrics.duration, newHeldCollector(p)} {
+	for _, c := range []prometheus.Collector{p.metrics.placements, p.metrics.refusals, p.metrics.duration, p.metrics.gpuMisal, newHeldCollector(p)} {
 		if err := r.Register(c); err != nil {
 			return fmt.Errorf("register metrics: %w", err)
 		}

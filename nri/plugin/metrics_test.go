@@ -304,7 +304,7 @@ func TestMetricsNames(t *testing.T) {
 	}
 	fams := gather(t, reg)
 	for _, name := range []string{plugin.MetricPlacements, plugin.MetricRefusals, plugin.MetricDecisionDuration, plugin.MetricCPUsHeld,
-		plugin.MetricSharedPoolCPUs, plugin.MetricGPUsHeld, plugin.MetricMemoryBoundContainers} {
+		plugin.MetricSharedPoolCPUs, plugin.MetricGPUsHeld, plugin.MetricMemoryBoundContainers, plugin.MetricGPUsMisaligned} {
 		if fams[name] == nil {
 			t.Errorf("%s is not exported", name)
 		}
@@ -314,8 +314,8 @@ func TestMetricsNames(t *testing.T) {
 			t.Errorf("metric %s lacks the berth_nri_ prefix", name)
 		}
 	}
-	if len(fams[plugin.MetricRefusals].GetMetric()) != 6 {
-		t.Errorf("%s has %d series before any refusal, want one per reason (6)", plugin.MetricRefusals, len(fams[plugin.MetricRefusals].GetMetric()))
+	if len(fams[plugin.MetricRefusals].GetMetric()) != 7 {
+		t.Errorf("%s has %d series before any refusal, want one per reason (7)", plugin.MetricRefusals, len(fams[plugin.MetricRefusals].GetMetric()))
 	}
 	if _, err := plugin.New(cfg(), dgxNode, plugin.WithRegisterer(reg)); err == nil {
 		t.Error("a second plugin registered its metrics on the same registry")

@@ -32,6 +32,8 @@ type Plugin struct {
 	reg      prometheus.Registerer
 	metrics  *metrics
 	held     atomic.Pointer[[]alloc.Held] // the state's HeldByNUMA after the last change
+	// recordKey authenticates berth.dev/placement records (Config.RecordKeyFile).
+	recordKey []byte
 
 	mu       sync.Mutex
 	node     *node.Node
@@ -65,9 +67,13 @@ func New(cfg Config, n *node.Node, opts ...Option) (*Plugin, error) {
 		return nil, fmt.Errorf("berth-nri config: %w", err)
 	}
 	pol, _ := alloc.ParsePolicy(cfg.Policy)
+	var err error
 	p := &Plugin{cfg: cfg, policy: pol, reserved: cfg.Reserved(), devInfo: HostDevices(cfg.DevRoot), now: time.Now, metrics: newMetrics()}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.recordKey, err = loadRecordKey(cfg.RecordKeyFile); err != nil {
+		return nil, err
 	}
 	if err := p.setNode(n); err != nil {
 		return nil, err
@@ -184,18 +190,38 @@ func (p *Plugin) observe(ctx context.Context, c *api.Container) (alloc.Placement
 			current = append(current, cpu.ID)
 		}
 	}
+	gpus, _ := p.containerGPUs(c)
 	if v, ok := c.GetAnnotations()[oci.AnnotationPlacement]; ok {
 		pl, err := p.decodeRecord(c.GetId(), v)
+		if err == nil {
+			err = recordHolds(pl, current, gpus)
+		}
 		if err == nil {
 			if !pl.Exclusive {
 				pl.CPUs = current // the pool may have changed since creation
 			}
 			return pl, true
 		}
-		log.G(ctx).WithError(err).WithField("id", c.GetId()).Warn("berth-nri: unreadable placement record; treating the container as unmanaged")
+		log.G(ctx).WithError(err).WithField("id", c.GetId()).Warn("berth-nri: placement record not believed; booking what the container holds, as unmanaged")
 	}
-	gpus, _ := p.containerGPUs(c)
 	return alloc.Placement{ID: c.GetId(), CPUs: current, GPUs: gpus}, false
+}
+
+// recordHolds checks a berth-nri record pl against what the runtime says the container holds:
+// its cpuset (current) and GPUs. A record is believed only for what the container really has:
+// every recorded GPU, and for exclusive CPUs exactly its cpuset.
+func recordHolds(pl alloc.Placement, current, gpus []int) error {
+	for _, g := range pl.GPUs {
+		if !slices.Contains(gpus, g) {
+			return fmt.Errorf("%w: %s: records GPU %d, which the container does not have (it has %s)",
+				ErrBadAnnotation, oci.AnnotationPlacement, g, topology.FormatIDList(gpus))
+		}
+	}
+	if pl.Exclusive && !slices.Equal(pl.CPUs, current) {
+		return fmt.Errorf("%w: %s: records exclusive CPUs %s, but the container's cpuset is %s",
+			ErrBadAnnotation, oci.AnnotationPlacement, topology.FormatIDList(pl.CPUs), topology.FormatIDList(current))
+	}
+	return nil
 }
 
 // CreateContainer places the container and answers with its adjustment and the cpuset updates
@@ -228,6 +254,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, c *ap
 	adj := p.adjustment(pl)
 	ups := p.state.Commit(pl)
 	p.publish()
+	p.metrics.misaligned(pl.Misaligned)
 	for _, w := range pl.Warnings {
 		log.G(ctx).Warn("berth-nri: " + w)
 	}

@@ -30,6 +30,10 @@ import (
 
 var dgxNode *node.Node
 
+// recordKeyFile is the record key every plugin of the tests shares, as restarts of berth-nri on
+// one node share /var/lib/berth/nri/record.key.
+var recordKeyFile string
+
 // TestMain builds the DGX H100 model once (a 224-CPU sysfs tree is slow to write on some disks).
 func TestMain(m *testing.M) {
 	if os.Getenv("BERTH_TEST_LOG") == "" {
@@ -56,7 +60,14 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	os.Exit(m.Run())
+	keyDir, err := os.MkdirTemp("", "plugin-key-")
+	if err != nil {
+		panic(err)
+	}
+	recordKeyFile = filepath.Join(keyDir, "nri", "record.key")
+	code := m.Run()
+	os.RemoveAll(keyDir)
+	os.Exit(code)
 }
 
 func uuid(i int) string { return fmt.Sprintf("GPU-%08d-aaaa-bbbb-cccc-000000000000", i) }
@@ -248,7 +259,22 @@ func (rt *runtime) cpus(name string) string {
 	return rt.ctrs["ctr-"+name].GetLinux().GetResources().GetCpu().GetCpus()
 }
 
-func cfg() plugin.Config { return plugin.DefaultConfig() }
+// cfg is the configuration of a node without a kubelet (berth.dev/gpus honoured everywhere),
+// with the tests' shared record key.
+func cfg() plugin.Config {
+	c := plugin.DefaultConfig()
+	c.GPUAnnotationNamespaces = []string{"*"}
+	c.RecordKeyFile = recordKeyFile
+	return c
+}
+
+// kubeletCfg is cfg on a node whose GPUs the kubelet gives (the default: no namespace may ask
+// berth-nri for GPUs).
+func kubeletCfg() plugin.Config {
+	c := cfg()
+	c.GPUAnnotationNamespaces = nil
+	return c
+}
 
 func gpus(n int) map[string]string { return map[string]string{oci.AnnotationGPUs: fmt.Sprint(n)} }
 

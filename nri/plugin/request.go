@@ -1,6 +1,9 @@
 package plugin
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +25,10 @@ const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 // ErrBadAnnotation: a berth annotation's value cannot be used; the message names key and value.
 var ErrBadAnnotation = errors.New("bad annotation")
 
+// ErrGPUsNotGranted: a container asks berth-nri for GPUs (berth.dev/gpus) in a namespace where
+// GPUs are the kubelet's to give (Config.GPUAnnotationNamespaces).
+var ErrGPUsNotGranted = errors.New("GPUs not granted")
+
 // maxGPUsAnnotation bounds berth.dev/gpus before it reaches the allocator (no node has more).
 const maxGPUsAnnotation = 1 << 10
 
@@ -39,6 +46,14 @@ func annotation(pod *api.PodSandbox, c *api.Container, key string) (value, where
 		return v, "pod annotation " + key, true
 	}
 	return "", "", false
+}
+
+// checkLength refuses an annotation value longer than max bytes, quoting only its first 64.
+func checkLength(v, where string, max int) error {
+	if len(v) <= max {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is %d bytes, more than %d (max_annotation_bytes): %q...", ErrBadAnnotation, where, len(v), max, v[:64])
 }
 
 // parseGPUCount parses berth.dev/gpus: a whole number, 0 to maxGPUsAnnotation, nothing else.
@@ -154,6 +169,9 @@ func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
 func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, []string, error) {
 	r := alloc.Request{ID: c.GetId(), Name: "container " + containerName(pod, c), Policy: p.policy}
 	if v, where, ok := annotation(pod, c, oci.AnnotationNUMAPolicy); ok {
+		if err := checkLength(v, where, p.cfg.MaxAnnotationBytes); err != nil {
+			return r, nil, err
+		}
 		pol, err := alloc.ParsePolicy(strings.TrimSpace(v))
 		if err != nil {
 			return r, nil, fmt.Errorf("%s: %w", where, err)
@@ -167,11 +185,18 @@ func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, 
 		r.AssignedGPUs = assigned
 		return r, notes, nil
 	}
+	if err := checkLength(v, where, p.cfg.MaxAnnotationBytes); err != nil {
+		return r, notes, err
+	}
 	n, err := parseGPUCount(v, where)
 	if err != nil {
 		return r, notes, err
 	}
 	switch {
+	case len(assigned) == 0 && n > 0 && !p.cfg.gpuAnnotationAllowed(pod.GetNamespace()):
+		// under a kubelet, GPUs are the device plugin's or DRA's: never one it did not give
+		return r, notes, fmt.Errorf("%w: %s=%q asks berth-nri for GPUs, but namespace %q is not in gpu_annotation_namespaces of berth-nri's configuration: under a kubelet GPUs come from the device plugin or DRA (request nvidia.com/gpu in the container's resources; berth-nri aligns CPUs and memory to the GPUs it gets)",
+			ErrGPUsNotGranted, where, v, pod.GetNamespace())
 	case len(assigned) == 0:
 		r.GPUs = n
 	case n == len(assigned) || n == 0:
@@ -194,13 +219,18 @@ type record struct {
 	Chosen    bool     `json:"chosen,omitempty"`
 	Policy    string   `json:"policy"`
 	Aligned   bool     `json:"aligned"`
-	Reason    string   `json:"reason,omitempty"`
+	// Misaligned is alloc.Placement.Misaligned: how GPUs given by someone else fall short.
+	Misaligned []string `json:"misaligned,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+	// MAC authenticates the record as berth-nri's (recordMAC); a record without a valid one is
+	// not believed.
+	MAC string `json:"mac,omitempty"`
 }
 
 func (p *Plugin) encodeRecord(pl alloc.Placement) string {
 	rec := record{
 		CPUs: topology.FormatIDList(pl.CPUs), Exclusive: pl.Exclusive, GPUs: topology.FormatIDList(pl.GPUs),
-		Chosen: pl.ChosenGPUs, Policy: string(pl.Policy), Aligned: pl.Aligned, Reason: pl.Reason,
+		Chosen: pl.ChosenGPUs, Policy: string(pl.Policy), Aligned: pl.Aligned, Misaligned: pl.Misaligned, Reason: pl.Reason,
 	}
 	if pl.Mems != nil {
 		rec.Mems = topology.FormatIDList(pl.Mems)
@@ -213,19 +243,44 @@ func (p *Plugin) encodeRecord(pl alloc.Placement) string {
 			rec.UUIDs = append(rec.UUIDs, u)
 		}
 	}
-	b, _ := json.Marshal(rec) // a struct of strings, bools and a string slice: cannot fail
+	rec.MAC = p.recordMAC(pl.ID, rec)
+	b, _ := json.Marshal(rec) // a struct of strings, bools and string slices: cannot fail
 	return string(b)
 }
+
+// recordMAC is the hex HMAC-SHA256 (first 128 bits) of container id's record rec (its MAC
+// field cleared) under the plugin's record key: only berth-nri, which holds the key, writes a
+// record that verifies, and a record is bound to the container it was written for.
+func (p *Plugin) recordMAC(id string, rec record) string {
+	rec.MAC = ""
+	b, _ := json.Marshal(rec)
+	h := hmac.New(sha256.New, p.recordKey)
+	h.Write([]byte(id))
+	h.Write([]byte{0})
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// maxRecordBytes bounds a berth.dev/placement value decodeRecord parses (berth-nri writes a
+// few hundred bytes; an 8-GPU record with UUIDs stays under 1 KiB).
+const maxRecordBytes = 16 << 10
 
 // decodeRecord reads a berth.dev/placement value back into a placement (CPUs: the recorded
 // cpuset). GPUs named by UUID in the record win over indices, so a node whose GPU order
 // changed still books the right GPUs.
 func (p *Plugin) decodeRecord(id, v string) (alloc.Placement, error) {
 	var rec record
+	if len(v) > maxRecordBytes {
+		return alloc.Placement{}, fmt.Errorf("%w: %s: %d bytes, more than %d", ErrBadAnnotation, oci.AnnotationPlacement, len(v), maxRecordBytes)
+	}
 	if err := json.Unmarshal([]byte(v), &rec); err != nil {
 		return alloc.Placement{}, fmt.Errorf("%w: %s: %w", ErrBadAnnotation, oci.AnnotationPlacement, err)
 	}
-	pl := alloc.Placement{ID: id, Exclusive: rec.Exclusive, ChosenGPUs: rec.Chosen, Policy: alloc.Policy(rec.Policy), Aligned: rec.Aligned}
+	if want := p.recordMAC(id, rec); !hmac.Equal([]byte(rec.MAC), []byte(want)) {
+		return alloc.Placement{}, fmt.Errorf("%w: %s: not written by this berth-nri for container %s (no valid mac: a pod's annotation, a record of another container, or of a node with another record key)",
+			ErrBadAnnotation, oci.AnnotationPlacement, id)
+	}
+	pl := alloc.Placement{ID: id, Exclusive: rec.Exclusive, ChosenGPUs: rec.Chosen, Policy: alloc.Policy(rec.Policy), Aligned: rec.Aligned, Misaligned: rec.Misaligned}
 	var err error
 	lists := []struct {
 		s   string

@@ -104,7 +104,7 @@ func TestKubernetesPathGPU(t *testing.T) {
 	nriCfg := filepath.Join(dir, "nri.toml")
 	if err := os.WriteFile(nriCfg, []byte("socket = \""+dst.NRISocket+"\"\nplugin_name = \"berth-k8s\"\ngpu_source = \"file\"\n"+
 		"topology_file = \""+filepath.Join(dir, "topo.txt")+"\"\ngpu_uuids = [\"GPU-nri-e2e-0\", \"GPU-nri-e2e-1\"]\n"+
-		"dev_root = \""+devRoot+"\"\nrefresh_seconds = 0\n"), 0o644); err != nil {
+		"dev_root = \""+devRoot+"\"\nrefresh_seconds = 0\nrecord_key_file = \""+filepath.Join(dir, "nri-state", "record.key")+"\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	plugin, line := startNRI(t, bin, nriCfg, filepath.Join(dir, "nri.log"))

@@ -201,7 +201,10 @@ func TestNRIPlacement(t *testing.T) {
 		"topology_file = \"" + filepath.Join(dir, "topo.txt") + "\"\n" +
 		"gpu_uuids = [\"GPU-nri-e2e-0\", \"GPU-nri-e2e-1\"]\n" +
 		"dev_root = \"" + devRoot + "\"\n" +
-		"refresh_seconds = 0\n"
+		"refresh_seconds = 0\n" +
+		// crictl's pods, no kubelet: berth-nri is the one that gives GPUs here
+		"gpu_annotation_namespaces = [\"*\"]\n" +
+		"record_key_file = \"" + filepath.Join(dir, "nri-state", "record.key") + "\"\n"
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -338,6 +341,45 @@ func TestNRIPlacement(t *testing.T) {
 	t.Logf("nri-d: %+v", pd)
 	if pd.visible != "GPU-nri-e2e-0" || pd.cgCPUs != "0" {
 		t.Errorf("nri-d: NVIDIA_VISIBLE_DEVICES %q cgroup %q; want nri-a's freed GPU 0 and CPU 0", pd.visible, pd.cgCPUs)
+	}
+
+	// issue 19: a placement record berth-nri did not write (a pod's annotation, put on a
+	// container created while berth-nri was down) is not believed after a restart, and under a
+	// kubelet (the default configuration) berth.dev/gpus gives no GPU
+	nd.RemovePod(ctx, podB)
+	nd.RemovePod(ctx, podD)
+	plugin.stop()
+	podE, cfgE := runPod("nri-e")
+	forged := `{"cpus":"0","exclusive":true,"gpus":"0-1","policy":"best-effort","aligned":true}`
+	e, err := create(podE, cfgE, node.CRIContainer{Name: "nri-e", Annotations: map[string]string{"berth.dev/placement": forged}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(e)
+	kubeletCfg := filepath.Join(dir, "nri-kubelet.toml")
+	if err := os.WriteFile(kubeletCfg, []byte(strings.ReplaceAll(conf, "gpu_annotation_namespaces = [\"*\"]\n", "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plugin, line = startNRI(t, bin, kubeletCfg, filepath.Join(dir, "nri-4.log"))
+	t.Log(line)
+	if !strings.Contains(line, "placed-by-berth=0") {
+		t.Errorf("the forged record was believed: %s", line)
+	}
+	podF, cfgF := runPod("nri-f")
+	if id, err := create(podF, cfgF, node.CRIContainer{Name: "nri-f", Annotations: gpus("1")}); err == nil || !strings.Contains(err.Error(), "gpu_annotation_namespaces") {
+		t.Errorf("berth.dev/gpus under a kubelet: create = %q, %v; want a refusal naming gpu_annotation_namespaces", id, err)
+	}
+	plugin.stop()
+	plugin, line = startNRI(t, bin, cfg, filepath.Join(dir, "nri-5.log"))
+	t.Log(line)
+	podG, cfgG := runPod("nri-g")
+	g, err := create(podG, cfgG, node.CRIContainer{Name: "nri-g", Annotations: gpus("2")})
+	if err != nil {
+		t.Fatalf("two GPUs after the forged record claimed both: %v", err)
+	}
+	start(g)
+	if pg := nriInspect(t, ctx, nd, g); pg.visible != "GPU-nri-e2e-0,GPU-nri-e2e-1" {
+		t.Errorf("nri-g: NVIDIA_VISIBLE_DEVICES %q, want both GPUs", pg.visible)
 	}
 	plugin.stop()
 	if b, err := os.ReadFile(filepath.Join(dir, "nri-3.log")); err == nil && testing.Verbose() {
