@@ -160,6 +160,7 @@ func TestSlowPeers(t *testing.T) {
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			t.Cleanup(func() { close(stop); wg.Wait() })
+			holders := 0
 			for i := range 4 {
 				var conn net.Conn
 				var err error
@@ -173,16 +174,23 @@ func TestSlowPeers(t *testing.T) {
 					conn, err = Dial(context.Background(), addr, cli)
 					data = line
 				}
+				if errors.Is(err, ErrBusy) && !withTLS && i == 3 {
+					// four plain connections from loopback are one peer, which may hold 3 of
+					// the 4 slots (MaxConnsPerPeer): its fourth is answered busy
+					next(t, out)
+					continue
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
+				holders++
 				wg.Go(func() { defer conn.Close(); trickle(conn, data, 100*time.Millisecond, stop) })
 			}
 
 			busy := sendRetryingBusy(t, addr, cli, src, "real")
 			t.Logf("the real sender got %d busy answers first", busy)
 			var deadlines, stored int
-			for deadlines < 4 || stored < 1 {
+			for deadlines < holders || stored < 1 {
 				d := next(t, out)
 				switch {
 				case d.err == nil:
@@ -649,4 +657,57 @@ func TestHandshakeFloodManySources(t *testing.T) {
 		t.Fatalf("%d flood connections displaced, %d checkpoints received; want 1 and 1", displaced, sent)
 	}
 	assertRootClean(t, root, "real")
+}
+
+// TestOnePeerNeverHoldsEverySlot (issue 19, finding 5): one holder of a cluster certificate that
+// opens connections and trickles its header (once one byte every 40 s, which the idle timeout
+// allowed for minutes) holds at most MaxConnsPerPeer slots, each only until HeaderLineTimeout
+// after its header began: another node's sender gets a slot at once, and the trickling
+// connections end naming the limit.
+func TestOnePeerNeverHoldsEverySlot(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 256<<10)
+	line, _ := wire(t, src, "slow")
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, hostile, honest := ca.node(t, "node-a"), ca.node(t, "node-b"), ca.node(t, "node-c")
+	root := t.TempDir()
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 4, IdleTimeout: time.Minute, HeaderTimeout: time.Minute,
+		HeaderLineTimeout: 800 * time.Millisecond}
+	addr, out := serve(t, r, serverTLS(t, recvFiles))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	held := 0
+	for range 4 {
+		conn, err := Dial(context.Background(), addr, clientTLS(t, hostile))
+		if errors.Is(err, ErrBusy) {
+			if d := next(t, out); !errors.Is(d.err, ErrBusy) || !strings.Contains(d.err.Error(), "as many as one peer may") {
+				t.Errorf("the hostile peer's extra connection: %v", d.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		held++
+		wg.Go(func() { defer conn.Close(); trickle(conn, line, 200*time.Millisecond, stop) })
+	}
+	if held != DefaultMaxConnsPerPeer {
+		t.Errorf("one peer holds %d slots, want %d of 4", held, DefaultMaxConnsPerPeer)
+	}
+	start := time.Now()
+	if _, err := sendTo(t, addr, clientTLS(t, honest), src, "honest"); err != nil {
+		t.Fatalf("another node's sender while one peer trickles: %v", err)
+	}
+	if d := next(t, out); d.err != nil {
+		t.Fatal(d.err)
+	}
+	t.Logf("the honest sender got through in %v", time.Since(start))
+	for range held {
+		d := next(t, out)
+		if !errors.Is(d.err, ErrDeadline) || !strings.Contains(d.err.Error(), "HeaderLineTimeout") {
+			t.Errorf("trickling header: %v, want ErrDeadline naming HeaderLineTimeout", d.err)
+		}
+	}
+	assertRootClean(t, root, "honest")
 }

@@ -45,6 +45,11 @@ const (
 	DefaultTransferTimeout = 30 * time.Minute
 	// DefaultMaxConns is Receiver.MaxConns when zero.
 	DefaultMaxConns = 4
+	// DefaultMaxConnsPerPeer is Receiver.MaxConnsPerPeer when zero: a sender holds at most three
+	// connections at once (preflight, checkpoint, page stream).
+	DefaultMaxConnsPerPeer = 3
+	// DefaultHeaderLineTimeout is Receiver.HeaderLineTimeout when zero.
+	DefaultHeaderLineTimeout = 30 * time.Second
 	// DefaultMaxHandshakes is Receiver.MaxHandshakes when zero.
 	DefaultMaxHandshakes = 64
 	// DefaultMaxHandshakesPerSource is Receiver.MaxHandshakesPerSource when zero: a sender opens
@@ -101,6 +106,16 @@ type Receiver struct {
 	// MaxConns is how many connections Serve handles at once; a connection beyond them is
 	// answered "busy" (the sender gets ErrBusy) and closed. 0 means DefaultMaxConns.
 	MaxConns int
+	// MaxConnsPerPeer is how many of the MaxConns slots one peer may hold at once: a peer is
+	// the verified certificate's identity (subject and names) from one source (sourceOf: an
+	// IPv4 address or IPv6 /64), since a cluster's agents may share one certificate. A
+	// connection beyond it is answered busy. It is capped at MaxConns-1 (when MaxConns > 1), so
+	// one peer never holds every slot. 0 means DefaultMaxConnsPerPeer.
+	MaxConnsPerPeer int
+	// HeaderLineTimeout bounds the header line from its first byte to its end: a peer may wait
+	// up to HeaderTimeout before it starts the header (the source's checkpoint), but not trickle
+	// it in to keep a slot. 0 means DefaultHeaderLineTimeout (30 s).
+	HeaderLineTimeout time.Duration
 	// MaxHandshakes is how many connections may be in their TLS handshake at once (each for at
 	// most HandshakeTimeout); 0 means DefaultMaxHandshakes. Beyond it, a new connection takes
 	// the place of the oldest one of the source holding the most places, which Serve closes
@@ -216,6 +231,14 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	perSource = min(perSource, maxHandshakes)
 	handshakes := newHandshaking(maxHandshakes, perSource) // connections in their TLS handshake
+	perPeer := r.MaxConnsPerPeer
+	if perPeer <= 0 {
+		perPeer = DefaultMaxConnsPerPeer
+	}
+	if maxConns > 1 {
+		perPeer = min(perPeer, maxConns-1)
+	}
+	peers := &peerSlots{max: perPeer, held: map[string]int{}}
 	slots := make(chan struct{}, maxConns)
 	busy := make(chan struct{}, maxConns) // connections being answered busy
 	var wg sync.WaitGroup
@@ -249,12 +272,19 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 				r.done(conn, "", err, func() {})
 				return
 			}
+			key := peerKey(conn)
+			if !peers.take(key) {
+				err := r.answerBusy(ctx, conn, maxConns)
+				r.done(conn, "", fmt.Errorf("%w (%s holds %d of the %d slots, as many as one peer may)", err, peerOf(conn), perPeer, maxConns), func() {})
+				return
+			}
 			select {
 			case slots <- struct{}{}:
 				path, err := r.Handle(ctx, conn)
-				r.done(conn, path, err, func() { <-slots })
+				r.done(conn, path, err, func() { <-slots; peers.give(key) })
 				return
 			default:
+				peers.give(key)
 			}
 			select {
 			case busy <- struct{}{}:
@@ -265,6 +295,40 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 			}
 		})
 	}
+}
+
+// peerSlots counts the slots each peer (peerKey) holds, at most max each.
+type peerSlots struct {
+	mu   sync.Mutex
+	max  int
+	held map[string]int
+}
+
+// take counts one more slot of peer key; false when it holds max already.
+func (p *peerSlots) take(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held[key] >= p.max {
+		return false
+	}
+	p.held[key]++
+	return true
+}
+
+// give returns one slot of peer key.
+func (p *peerSlots) give(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held[key]--; p.held[key] <= 0 {
+		delete(p.held, key)
+	}
+}
+
+// peerKey names the peer of an authenticated connection for MaxConnsPerPeer: its certificate's
+// subject and names (none without TLS) from its source host (sourceOf).
+func peerKey(conn net.Conn) string {
+	p := peerOf(conn)
+	return sourceOf(conn.RemoteAddr()) + "|" + p.Subject + "|" + strings.Join(p.Names, ",")
 }
 
 // handshaking is the set of connections in their TLS handshake (Serve): at most max at once,
@@ -378,6 +442,13 @@ func (r *Receiver) answerBusy(ctx context.Context, conn net.Conn, maxConns int) 
 		return fmt.Errorf("tell %s the receiver is busy: %w", conn.RemoteAddr(), err)
 	}
 	return fmt.Errorf("%w: all %d slots in use: answered busy", ErrBusy, maxConns)
+}
+
+func (r *Receiver) headerLineTimeout() time.Duration {
+	if r.HeaderLineTimeout > 0 {
+		return r.HeaderLineTimeout
+	}
+	return DefaultHeaderLineTimeout
 }
 
 func (r *Receiver) handshakeTimeout() time.Duration {
@@ -527,8 +598,16 @@ func (r *Receiver) Handle(ctx context.Context, conn net.Conn) (string, error) {
 // receive runs the protocol up to the verdict. drained reports whether the whole stream was
 // read. ctx ends at the transfer's deadline.
 func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader, deadline time.Time, transferTimeout time.Duration, answer *json.RawMessage) (path string, drained bool, retErr error) {
-	if b, err := br.Peek(1); err == nil && b[0] == tlsHandshakeRecord {
+	b, err := br.Peek(1)
+	if err == nil && b[0] == tlsHandshakeRecord {
 		return "", false, fmt.Errorf("%w: the peer started a TLS handshake, but this receiver runs without TLS (give it %s)", ErrProtocol, TLSFlags)
+	}
+	if err == nil {
+		// the header has begun: the rest of its line comes within HeaderLineTimeout, however
+		// slowly its bytes trickle in
+		if line := time.Now().Add(r.headerLineTimeout()); line.Before(ir.hard) {
+			ir.hard, ir.limit = line, fmt.Sprintf("header line not complete within HeaderLineTimeout %v of its first byte", r.headerLineTimeout())
+		}
 	}
 	hdr, err := readHeader(br)
 	if err != nil {
