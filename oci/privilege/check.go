@@ -108,7 +108,7 @@ func CheckContainer(src Container, dst *specs.Spec) error {
 	if src.Privileged && !g.Privileged {
 		vs = append(vs, Violation{Subject: subj, Field: "privileged", Have: "true", Grant: "false"})
 	}
-	vs = append(vs, checkIDs(subj, []id{{"uid", src.User.UID}}, []id{{"gid", src.User.GID}}, src.User.AdditionalGids, g.User)...)
+	vs = append(vs, checkIDs(subj, []id{{"uid", src.User.UID}}, []id{{"gid", src.User.GID}}, src.User.AdditionalGids, g)...)
 	vs = append(vs, checkCaps(subj, src.Capabilities, g.Capabilities)...)
 	if g.NoNewPrivileges && !src.NoNewPrivileges {
 		vs = append(vs, Violation{Subject: subj, Field: "no_new_privs", Have: "false", Grant: "true"})
@@ -137,7 +137,7 @@ func checkProcess(p Process, g Container) []Violation {
 	vs := checkIDs(subj,
 		[]id{{"uid", p.UID}, {"euid", p.EUID}, {"suid", p.SUID}, {"fsuid", p.FSUID}},
 		[]id{{"gid", p.GID}, {"egid", p.EGID}, {"sgid", p.SGID}, {"fsgid", p.FSGID}},
-		p.Groups, g.User)
+		p.Groups, g)
 	vs = append(vs, checkCaps(subj,
 		Capabilities{Effective: p.CapEff, Permitted: p.CapPrm, Inheritable: p.CapInh, Bounding: p.CapBnd, Ambient: p.CapAmb},
 		g.Capabilities)...)
@@ -159,17 +159,33 @@ type id struct {
 	v     uint32
 }
 
-// checkIDs applies the uid and gid rules: with a destination user other than uid 0, every
-// uid must be its uid and every gid and group its gid or one of its additional gids.
-func checkIDs(subj string, uids, gids []id, groups []uint32, u User) []Violation {
-	if u.UID == 0 {
+// The capabilities that let a root process choose its own ids (setuid(2), setgroups(2)).
+const (
+	capSetgid = 6
+	capSetuid = 7
+)
+
+// checkIDs applies the uid and gid rules for a destination g: with a user other than uid 0,
+// every uid must be its uid and every gid and group its gid or one of its additional gids. With
+// uid 0 the same holds for what a root process of g could not have chosen itself: uids other
+// than 0 pass only when g's bounding set has CAP_SETUID, gids and groups beyond its gid and
+// additional gids only when it has CAP_SETGID.
+func checkIDs(subj string, uids, gids []id, groups []uint32, g Container) []Violation {
+	u := g.User
+	root := u.UID == 0
+	if root && g.Capabilities.Bounding.Has(capSetuid) && g.Capabilities.Bounding.Has(capSetgid) {
 		return nil
 	}
 	var vs []Violation
-	for _, x := range uids {
-		if x.v != u.UID {
-			vs = append(vs, Violation{Subject: subj, Field: x.field, Have: fmtID(x.v), Grant: fmtID(u.UID)})
+	if !root || !g.Capabilities.Bounding.Has(capSetuid) {
+		for _, x := range uids {
+			if x.v != u.UID {
+				vs = append(vs, Violation{Subject: subj, Field: x.field, Have: fmtID(x.v), Grant: fmtID(u.UID)})
+			}
 		}
+	}
+	if root && g.Capabilities.Bounding.Has(capSetgid) {
+		return vs
 	}
 	allowed := []uint32{u.GID}
 	for _, g := range u.AdditionalGids {

@@ -137,6 +137,25 @@ func TestCheckProcesses(t *testing.T) {
 				"process 1 (python3)/fsuid", "process 1 (python3)/gid", "process 1 (python3)/egid",
 				"process 1 (python3)/sgid", "process 1 (python3)/fsgid"},
 			mention: []string{"uid: 0, destination 1000"}},
+		{name: "root pod: groups it could have set itself (CAP_SETGID)", spec: "containerd-default",
+			procs: func(p Process) []Process { p.Groups = []uint32{0, 6, 4343}; return []Process{p} }},
+		{name: "root pod without CAP_SETGID: groups beyond its own (issue 19)", spec: "containerd-default",
+			dst: func(s *specs.Spec) { dropCap(s, "CAP_SETGID") },
+			procs: func(p Process) []Process {
+				p.CapEff, p.CapPrm, p.CapBnd = p.CapEff.Minus(1<<capSetgid), p.CapPrm.Minus(1<<capSetgid), p.CapBnd.Minus(1<<capSetgid)
+				p.Groups, p.EGID = []uint32{0, 6, 4343}, 6
+				return []Process{p}
+			},
+			want:    []string{"process 1 (python3)/egid", "process 1 (python3)/groups"},
+			mention: []string{"groups: 6,4343 beyond the destination (has 0,6,4343; destination 0)"}},
+		{name: "root pod without CAP_SETUID: another uid", spec: "containerd-default",
+			dst:   func(s *specs.Spec) { dropCap(s, "CAP_SETUID") },
+			procs: func(p Process) []Process {
+				p.CapEff, p.CapPrm, p.CapBnd = p.CapEff.Minus(1<<capSetuid), p.CapPrm.Minus(1<<capSetuid), p.CapBnd.Minus(1<<capSetuid)
+				p.FSUID = 33
+				return []Process{p}
+			},
+			want:  []string{"process 1 (python3)/fsuid"}},
 		{name: "set-user-ID root in a user 1000 spec", spec: "cri-pod",
 			procs: func(p Process) []Process { p.EUID = 0; return []Process{p} },
 			want:  []string{"process 1 (python3)/euid"}},
@@ -466,5 +485,13 @@ func TestProcessJSONRoundTrip(t *testing.T) {
 	}
 	if s := (Process{PID: 3, TID: 4, Comm: "w"}).String(); s != "process 3 thread 4 (w)" {
 		t.Errorf("String = %q", s)
+	}
+}
+
+// dropCap removes capability name from every set of s's process.
+func dropCap(s *specs.Spec, name string) {
+	c := s.Process.Capabilities
+	for _, set := range []*[]string{&c.Bounding, &c.Effective, &c.Permitted, &c.Inheritable, &c.Ambient} {
+		*set = slices.DeleteFunc(*set, func(n string) bool { return n == name })
 	}
 }

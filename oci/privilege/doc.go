@@ -19,11 +19,14 @@
 //
 // The rules, for a process (thread) p and the destination spec d:
 //
-//   - uid, euid, suid, fsuid: when d's user uid is 0 any value passes (a root container may
-//     drop to any user, and CRIU restores the dropped identity); otherwise each must equal
-//     d's uid. A process that became root through a set-user-ID binary is refused.
-//   - gid, egid, sgid, fsgid and each supplementary group: when d's uid is 0 any value
-//     passes; otherwise each must be d's gid or one of its additionalGids.
+//   - uid, euid, suid, fsuid: when d's user uid is 0 and d's bounding set has CAP_SETUID any
+//     value passes (a root container may drop to any user, and CRIU restores the dropped
+//     identity); otherwise each must equal d's uid. A process that became root through a
+//     set-user-ID binary is refused.
+//   - gid, egid, sgid, fsgid and each supplementary group: when d's uid is 0 and d's bounding
+//     set has CAP_SETGID any value passes (its processes could call setgroups(2) themselves);
+//     otherwise each must be d's gid or one of its additionalGids (so a root pod without
+//     CAP_SETGID restores no process with a group it could not have taken, such as 6, disk).
 //   - cap_eff, cap_prm, cap_inh, cap_bnd, cap_amb: each set must be a subset of d's
 //     effective, permitted, inheritable, bounding and ambient set. Capabilities gained after
 //     start (file capabilities, capset with CAP_SETPCAP) are refused unless d lists them.
