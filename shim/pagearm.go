@@ -111,6 +111,8 @@ func parseArmed(b []byte, id, dir string) (*checkpoint.PageStreamRequest, error)
 		return nil, errors.New("no expiry")
 	case req.Armed.IsZero() || req.CheckpointTimeout <= 0:
 		return nil, errors.New("no arming time or checkpoint timeout (armed by an older berthctl send-pages?)")
+	case req.StreamID != "" && !checkpoint.ValidStreamID(req.StreamID):
+		return nil, fmt.Errorf("stream id %q is not 32 lowercase hex digits", req.StreamID)
 	}
 	if _, err := checkpoint.NewPageDigest(req.Digest); err != nil {
 		return nil, err
@@ -183,6 +185,7 @@ type armedRelay struct {
 	ln    net.Listener
 	agent net.Conn
 	alg   string
+	id    string // the stream's ID (the request's StreamID), signed as the PageStream's
 	done  chan struct{}
 	res   checkpoint.PageStream
 	err   error
@@ -249,7 +252,7 @@ func (s *Service) armPageStream(ctx context.Context, id, workDir string) (*armed
 		agent.Close()
 		return nil, fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	a := &armedRelay{ln: ln, agent: agent, alg: req.Digest, done: make(chan struct{})}
+	a := &armedRelay{ln: ln, agent: agent, alg: req.Digest, id: req.StreamID, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
 		a.res, a.err = a.relay(ctx)
@@ -298,7 +301,7 @@ func (a *armedRelay) relay(ctx context.Context) (checkpoint.PageStream, error) {
 	if err := <-back; err != nil {
 		return checkpoint.PageStream{}, fmt.Errorf("%w: the destination's answers: %w", ErrPageStreamLost, err)
 	}
-	return checkpoint.PageStream{Digest: checkpoint.PageDigest(a.alg, h), Size: n}, nil
+	return checkpoint.PageStream{Digest: checkpoint.PageDigest(a.alg, h), Size: n, ID: a.id}, nil
 }
 
 // armedWaitTimeout bounds the wait, once CRIU's dump ended, for the destination's page server

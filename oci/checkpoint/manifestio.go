@@ -240,6 +240,9 @@ func validateManifest(m *Manifest) error {
 		if m.PageStream.Size < 0 {
 			return fmt.Errorf("%w: pageStream: negative size %d", ErrInvalidManifest, m.PageStream.Size)
 		}
+		if id := m.PageStream.ID; id != "" && !ValidStreamID(id) {
+			return fmt.Errorf("%w: pageStream: id %q is not 32 lowercase hex digits", ErrInvalidManifest, id)
+		}
 	}
 	if sum != m.ImageSize {
 		return fmt.Errorf("%w: imageSize %d bytes, but the files add up to %d bytes", ErrInvalidManifest, m.ImageSize, sum)

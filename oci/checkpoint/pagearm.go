@@ -65,6 +65,11 @@ type PageStreamRequest struct {
 	// whose manifest records another algorithm than the one announced, and the move fails with
 	// the source running.
 	Digest string `json:"digest,omitempty"`
+	// StreamID is the ID the agent announced the stream under (NewStreamID); the shim signs it
+	// as the checkpoint's PageStream.ID, so that the receiver adopts this stream only for this
+	// checkpoint. "" from agents before it; one that is not 32 lowercase hex digits is refused
+	// (ErrBadPageStreamRequest).
+	StreamID string `json:"streamId,omitempty"`
 }
 
 // deadlineSlack is how much later than the call's start plus CheckpointTimeout a checkpoint

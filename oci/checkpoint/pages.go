@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -28,7 +30,23 @@ type PageStream struct {
 	Digest string `json:"digest"`
 	// Size is the stream's length in bytes.
 	Size int64 `json:"size"`
+	// ID is the page stream's ID (32 lowercase hex digits, NewStreamID) that its sender
+	// announced to the receiver: the receiver adopts for this checkpoint only the stream of that
+	// ID, so a peer that opens a page stream under the checkpoint's name first neither takes the
+	// name nor is taken for the move's. "" from senders before it (the stream is then matched by
+	// name alone).
+	ID string `json:"id,omitempty"`
 }
+
+// NewStreamID returns a random page stream ID: 128 bits as 32 lowercase hex digits.
+func NewStreamID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails
+	return hex.EncodeToString(b[:])
+}
+
+// ValidStreamID reports whether id is a stream ID NewStreamID could have made ("" is not).
+func ValidStreamID(id string) bool { return lowerHex(id, 32) }
 
 // PageServerRequestFile, in the CRIU work directory of a checkpoint request to berth's shim, asks
 // for a dump in copy mode: it holds "ADDR:PORT" of the page server CRIU sends the memory pages to

@@ -149,13 +149,13 @@ func TestCheckProcesses(t *testing.T) {
 			want:    []string{"process 1 (python3)/egid", "process 1 (python3)/groups"},
 			mention: []string{"groups: 6,4343 beyond the destination (has 0,6,4343; destination 0)"}},
 		{name: "root pod without CAP_SETUID: another uid", spec: "containerd-default",
-			dst:   func(s *specs.Spec) { dropCap(s, "CAP_SETUID") },
+			dst: func(s *specs.Spec) { dropCap(s, "CAP_SETUID") },
 			procs: func(p Process) []Process {
 				p.CapEff, p.CapPrm, p.CapBnd = p.CapEff.Minus(1<<capSetuid), p.CapPrm.Minus(1<<capSetuid), p.CapBnd.Minus(1<<capSetuid)
 				p.FSUID = 33
 				return []Process{p}
 			},
-			want:  []string{"process 1 (python3)/fsuid"}},
+			want: []string{"process 1 (python3)/fsuid"}},
 		{name: "set-user-ID root in a user 1000 spec", spec: "cri-pod",
 			procs: func(p Process) []Process { p.EUID = 0; return []Process{p} },
 			want:  []string{"process 1 (python3)/euid"}},

@@ -20,10 +20,11 @@ import (
 
 // AnnouncePages greets the receiver on conn (Handshake) and announces checkpoint name's page
 // stream, digested with algorithm alg (checkpoint.PageDigestAlgorithms: the one the shim that
-// frames the stream was asked for, checkpoint.PageStreamRequest.Digest), as StartPageRelay does.
-// Errors: ErrInvalidName; checkpoint.ErrPageDigestAlgorithm for an alg this berth does not know;
+// frames the stream was asked for, checkpoint.PageStreamRequest.Digest) under stream ID id
+// (checkpoint.NewStreamID, the one the shim signs as the checkpoint's PageStream.ID:
+// checkpoint.PageStreamRequest.StreamID; "" for none), as StartPageRelay does. Errors: ErrInvalidName; checkpoint.ErrPageDigestAlgorithm for an alg this berth does not know;
 // the handshake's, the write's.
-func AnnouncePages(conn net.Conn, name, alg string) error {
+func AnnouncePages(conn net.Conn, name, alg, id string) error {
 	if err := ValidName(name); err != nil {
 		return fmt.Errorf("page bridge: %w", err)
 	}
@@ -33,7 +34,10 @@ func AnnouncePages(conn net.Conn, name, alg string) error {
 	if _, err := Handshake(conn); err != nil {
 		return fmt.Errorf("page bridge for %s: %w", name, err)
 	}
-	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: alg})
+	if id != "" && !checkpoint.ValidStreamID(id) {
+		return fmt.Errorf("page bridge for %s: stream id %q is not 32 lowercase hex digits", name, id)
+	}
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: alg, StreamID: id})
 	if err != nil {
 		return err
 	}

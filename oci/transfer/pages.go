@@ -22,6 +22,7 @@ import (
 	"github.com/moby/sys/capability"
 
 	"github.com/berth-dev/berth/oci/checkpoint"
+	"github.com/berth-dev/berth/oci/internal/quote"
 )
 
 // Copy mode: CRIU's page stream travels on its own connection to the receiver, beside the
@@ -40,9 +41,31 @@ const pagesSuffix = ".pages"
 // checkpoint name's copy-mode page stream until the checkpoint's transfer adopts them. A
 // process that ran a receiver in itself and gives up on a move removes it (the receiver's
 // handler may still be running as the process exits).
-func PagesStagingDir(root, name string) string {
+// id is the stream's ID ("" for a sender that announced none).
+func PagesStagingDir(root, name, id string) string {
+	if id != "" {
+		name += "-" + id
+	}
 	return filepath.Join(root, StagingPrefix+name+pagesSuffix)
 }
+
+// RemovePagesStaging removes the staging directories of every page stream of checkpoint name
+// under root, whatever their IDs (PagesStagingDir), for a process that ran a receiver in itself
+// and gives up on a move. It returns the first removal error.
+func RemovePagesStaging(root, name string) error {
+	err := os.RemoveAll(PagesStagingDir(root, name, ""))
+	matches, _ := filepath.Glob(filepath.Join(root, StagingPrefix+name+"-*"+pagesSuffix))
+	for _, m := range matches {
+		id := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), StagingPrefix+name+"-"), pagesSuffix)
+		if checkpoint.ValidStreamID(id) {
+			err = errors.Join(err, os.RemoveAll(m))
+		}
+	}
+	return err
+}
+
+// pagesKey is a page stream's key in Receiver.pages: the checkpoint's name and the stream's ID.
+func pagesKey(name, id string) string { return name + "/" + id }
 
 // ErrPageStream: the page stream for a checkpoint is missing, failed, or differs from the one
 // its signed manifest records.
@@ -95,9 +118,12 @@ func (p pagesDone) Error() string {
 // announced; checkpoint.NewPageDigest refuses one it does not know). The stream's bytes count against root's
 // free space (pagespace.go; stated is the length its sender stated, 0 if none). It waits, at most IdleTimeout after the
 // stream ended, for that transfer to adopt the pages, then removes what is left.
-func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name string, stated int64, alg, root string) error {
+func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.Conn, name, id string, stated int64, alg, root string) error {
 	if err := ValidName(name); err != nil {
 		return pagesDone{err}
+	}
+	if id != "" && !checkpoint.ValidStreamID(id) {
+		return pagesDone{fmt.Errorf("receive pages of %s: %w: stream id %s is not 32 lowercase hex digits", name, ErrProtocol, quote.Value(id))}
 	}
 	h, err := checkpoint.NewPageDigest(alg)
 	if err != nil {
@@ -108,25 +134,26 @@ func (r *Receiver) receivePages(ctx context.Context, br *bufio.Reader, conn net.
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
-	space, err := r.claimPages(name, stated, root) // pagespace.go
+	key := pagesKey(name, id)
+	space, err := r.claimPages(key, stated, root) // pagespace.go
 	if err != nil {
 		return pagesDone{fmt.Errorf("receive pages of %s: %w", name, err)}
 	}
-	defer r.release(pagesFlightKey(name))
-	ps := &pageStream{dir: PagesStagingDir(root, name), done: make(chan struct{}), adopted: make(chan struct{})}
+	defer r.release(pagesFlightKey(key))
+	ps := &pageStream{dir: PagesStagingDir(root, name, id), done: make(chan struct{}), adopted: make(chan struct{})}
 	r.mu.Lock()
 	if r.pages == nil {
 		r.pages = map[string]*pageStream{}
 	}
-	if _, busy := r.pages[name]; busy {
+	if _, busy := r.pages[key]; busy {
 		r.mu.Unlock()
-		return pagesDone{fmt.Errorf("receive pages of %s: %w: a page stream of that name is in progress", name, ErrExists)}
+		return pagesDone{fmt.Errorf("receive pages of %s: %w: a page stream of that name and id is in progress", name, ErrExists)}
 	}
-	r.pages[name] = ps
+	r.pages[key] = ps
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
-		delete(r.pages, name)
+		delete(r.pages, key)
 		r.mu.Unlock()
 		_ = os.RemoveAll(ps.dir)
 	}()
@@ -281,10 +308,10 @@ func (r *Receiver) adoptPages(ctx context.Context, name, staging string, m *chec
 		return nil
 	}
 	r.mu.Lock()
-	ps := r.pages[name]
+	ps := r.pages[pagesKey(name, m.PageStream.ID)]
 	r.mu.Unlock()
 	if ps == nil {
-		return fmt.Errorf("%w: the manifest records a page stream (%s, %d bytes), but none arrived for %s", ErrPageStream, m.PageStream.Digest, m.PageStream.Size, name)
+		return fmt.Errorf("%w: the manifest records a page stream (%s, %d bytes, id %s), but none arrived for %s under that id", ErrPageStream, m.PageStream.Digest, m.PageStream.Size, quote.Value(m.PageStream.ID), name)
 	}
 	select {
 	case <-ps.done:
@@ -324,11 +351,17 @@ func (r *Receiver) adoptPages(ctx context.Context, name, staging string, m *chec
 
 // discardPages ends checkpoint name's page stream, if any, because its checkpoint's transfer
 // failed with err: the page stream's handler removes what it received.
+// Every stream of that name goes, whatever its ID: none of them is the checkpoint's now.
 func (r *Receiver) discardPages(name string, err error) {
 	r.mu.Lock()
-	ps := r.pages[name]
+	var streams []*pageStream
+	for key, ps := range r.pages {
+		if strings.HasPrefix(key, name+"/") {
+			streams = append(streams, ps)
+		}
+	}
 	r.mu.Unlock()
-	if ps != nil {
+	for _, ps := range streams {
 		ps.once.Do(func() { ps.lost = err; close(ps.adopted) })
 	}
 }
@@ -395,6 +428,7 @@ type PageRelay struct {
 	done   chan struct{}
 	res    checkpoint.PageStream
 	err    error
+	id     string // the stream's ID (checkpoint.NewStreamID), announced in its header
 }
 
 // StartPageRelay announces checkpoint name's page stream on conn (a receiver's connection,
@@ -408,7 +442,8 @@ func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay
 	if _, err := Handshake(conn); err != nil {
 		return nil, fmt.Errorf("page relay for %s: %w", name, err)
 	}
-	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: checkpoint.PageDigestDefault})
+	id := checkpoint.NewStreamID()
+	line, err := json.Marshal(header{Magic: Magic, Name: name, Pages: true, PageDigest: checkpoint.PageDigestDefault, StreamID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +457,7 @@ func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay
 		return nil, fmt.Errorf("page relay for %s: %w", name, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &PageRelay{ln: ln, cancel: cancel, done: make(chan struct{})}
+	p := &PageRelay{ln: ln, cancel: cancel, done: make(chan struct{}), id: id}
 	go func() {
 		defer close(p.done)
 		defer conn.Close()
@@ -431,6 +466,9 @@ func StartPageRelay(ctx context.Context, conn net.Conn, name string) (*PageRelay
 	}()
 	return p, nil
 }
+
+// ID is the page stream's ID, announced to the receiver and returned in Wait's PageStream.
+func (p *PageRelay) ID() string { return p.id }
 
 // Addr is where CRIU's page client connects (ADDR:PORT on 127.0.0.1).
 func (p *PageRelay) Addr() string { return p.ln.Addr().String() }
@@ -479,7 +517,7 @@ func (p *PageRelay) relay(ctx context.Context, conn net.Conn) (checkpoint.PageSt
 	case <-ctx.Done():
 		return checkpoint.PageStream{}, ctx.Err()
 	}
-	return checkpoint.PageStream{Digest: checkpoint.PageDigest(checkpoint.PageDigestDefault, h), Size: n}, nil
+	return checkpoint.PageStream{Digest: checkpoint.PageDigest(checkpoint.PageDigestDefault, h), Size: n, ID: p.id}, nil
 }
 
 // Wait returns the stream's digest and length once CRIU ended it and the receiver closed.

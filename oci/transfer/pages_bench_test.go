@@ -122,7 +122,7 @@ func BenchmarkPageBridge(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := AnnouncePages(conn, fmt.Sprintf("bench-%d", time.Now().UnixNano()), "blake3"); err != nil {
+		if err := AnnouncePages(conn, fmt.Sprintf("bench-%d", time.Now().UnixNano()), "blake3", ""); err != nil {
 			b.Fatal(err)
 		}
 		shim, agent := unixPair(b)

@@ -466,7 +466,7 @@ func TestBridgePagesTLSAnswersMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := AnnouncePages(conn, "c1", checkpoint.PageDigestBLAKE3); err != nil {
+	if err := AnnouncePages(conn, "c1", checkpoint.PageDigestBLAKE3, ""); err != nil {
 		t.Fatal(err)
 	}
 	shim, agent := net.Pipe()
@@ -511,4 +511,59 @@ func midStreamPageServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestPageStreamNameNotTaken (issue 19): a certificate holder that opens a page stream under a
+// move's checkpoint name first (and leaves it open) once took the name, and the move's own stream
+// was refused as "in progress". Each stream is kept under its name and its ID, and the
+// checkpoint adopts only the stream its signed manifest names: the move succeeds, and the
+// stranger's stream is never adopted.
+func TestPageStreamNameNotTaken(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	stranger := announcePages(t, addr, "c1", checkpoint.PageDigestBLAKE3)
+	defer stranger.Close()
+	if _, err := frame.Write(stranger, bytes.NewReader([]byte("not the victim's pages")), blake3.New()); err != nil {
+		t.Fatal(err)
+	}
+
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("page"), 100000)
+	if got := sendPages(t, relay, data); got != "ok" {
+		t.Fatalf("the move's page stream beside the stranger's: answer %q (receiver: %v)", got, wait(t, out).err)
+	}
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checkpoint.ValidStreamID(ps.ID) || ps.ID != relay.ID() {
+		t.Fatalf("the relay's result names stream %q, announced %q", ps.ID, relay.ID())
+	}
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	for _, p := range []string{"pages-1.img", "pages-2.img"} {
+		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
+		t.Fatalf("the move's checkpoint: %v", err)
+	}
+	for range 2 {
+		if o := wait(t, out); o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "c1", "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("the move's page image not adopted intact: %v", err)
+	}
 }

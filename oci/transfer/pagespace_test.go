@@ -93,7 +93,7 @@ func TestPageStreamFreeSpace(t *testing.T) {
 		if !errors.Is(o.err, ErrNoSpace) || !strings.Contains(o.err.Error(), "announced") {
 			t.Fatalf("receiver: %v, want ErrNoSpace for the stated length", o.err)
 		}
-		if _, err := os.Stat(PagesStagingDir(root, "stated")); err == nil {
+		if _, err := os.Stat(PagesStagingDir(root, "stated", "")); err == nil {
 			t.Error("a staging directory for a stream refused before it started")
 		}
 	})

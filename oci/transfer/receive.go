@@ -626,7 +626,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	}
 	if hdr.Pages {
 		ir.hard = deadline
-		return "", false, r.receivePages(ctx, br, ir.conn, name, hdr.PageBytes, hdr.PageDigest, r.Root)
+		return "", false, r.receivePages(ctx, br, ir.conn, name, hdr.StreamID, hdr.PageBytes, hdr.PageDigest, r.Root)
 	}
 	if len(hdr.Preflight) > 0 {
 		if r.Preflight == nil {

@@ -116,8 +116,12 @@ type header struct {
 	// Lazy, with Pages, marks a lazy (post-copy) page stream (lazy.go): both ways, after the
 	// restore.
 	Lazy bool `json:"lazy,omitempty"`
-	// StreamID, with Lazy, is the lazy page stream's ID (LazyRelay.ID): the receiver serves a
-	// checkpoint only when its signed manifest records the same (checkpoint.Manifest.LazyStream).
+	// StreamID, with Pages, is the page stream's ID (checkpoint.NewStreamID). With Lazy, the
+	// lazy page stream's (LazyRelay.ID): the receiver serves a checkpoint only when its signed
+	// manifest records the same (checkpoint.Manifest.LazyStream). In copy mode, the one the
+	// checkpoint's signed manifest records as its PageStream.ID: the receiver keeps each stream
+	// under its name and ID and adopts for a checkpoint only the stream of its ID. "" (senders
+	// before it) matches a manifest without one.
 	StreamID string `json:"streamId,omitempty"`
 	// Preflight marks a connection that asks the receiver's node whether it can restore a
 	// container (preflight.go) instead of sending a checkpoint: the query, opaque JSON.

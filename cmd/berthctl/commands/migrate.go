@@ -289,7 +289,7 @@ resumes the source by itself when the lease ends, and removes the checkpoint it 
 					// nor the pages a copy-mode stream brought (this process may exit before the
 					// receiver's handler removed them)
 					os.RemoveAll(filepath.Join(root, name))
-					os.RemoveAll(transfer.PagesStagingDir(root, name))
+					_ = transfer.RemovePagesStaging(root, name)
 				}
 				return err
 			}

@@ -103,11 +103,13 @@ connects to its socket and closes at once: the receiver sees a cut stream and dr
 				return err
 			}
 			defer conn.Close()
-			if err := transfer.AnnouncePages(conn, name, checkpoint.PageDigestDefault); err != nil {
+			streamID := checkpoint.NewStreamID()
+			if err := transfer.AnnouncePages(conn, name, checkpoint.PageDigestDefault, streamID); err != nil {
 				return err
 			}
 			framed, err := armPages(ctx, cmd.OutOrStdout(), dir, checkpoint.PageStreamRequest{
-				Container: container, Name: name, CheckpointTimeout: cpTimeout, Expires: start.Add(expire), Digest: checkpoint.PageDigestDefault})
+				Container: container, Name: name, CheckpointTimeout: cpTimeout, Expires: start.Add(expire), Digest: checkpoint.PageDigestDefault,
+				StreamID: streamID})
 			if err != nil {
 				return err
 			}
