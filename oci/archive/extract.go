@@ -99,7 +99,7 @@ var (
 // io.ErrUnexpectedEOF for a cut stream) and r's read errors; write errors under dest. All are
 // wrapped with dest.
 func Extract(r io.Reader, dest string, lim Limits) (retErr error) {
-	return extractTo(r, dest, lim, nil)
+	return extractTo(r, dest, lim, nil, nil)
 }
 
 // Digests maps an extracted file's slash-separated path to "sha256:<hex>" of its content.
@@ -109,14 +109,22 @@ type Digests map[string]string
 // computed while writing: a caller verifying a checkpoint against its manifest
 // (checkpoint.VerifyDigests) need not read the files back. Errors are Extract's.
 func ExtractDigests(r io.Reader, dest string, lim Limits) (Digests, error) {
+	return ExtractDigestsThen(r, dest, lim, nil)
+}
+
+// ExtractDigestsThen is ExtractDigests that calls then, when not nil, after each regular file it
+// wrote and before it reads the next entry, with the file's slash-separated path: a receiver can
+// check what the first files say (a signature) before the rest of the stream reaches the disk.
+// An error of then ends the extraction with it (wrapped with dest), dest removed.
+func ExtractDigestsThen(r io.Reader, dest string, lim Limits, then func(name string) error) (Digests, error) {
 	d := Digests{}
-	if err := extractTo(r, dest, lim, d); err != nil {
+	if err := extractTo(r, dest, lim, d, then); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-func extractTo(r io.Reader, dest string, lim Limits, digests Digests) (retErr error) {
+func extractTo(r io.Reader, dest string, lim Limits, digests Digests, then func(name string) error) (retErr error) {
 	lim = lim.WithDefaults()
 	if err := os.Mkdir(dest, 0o700); err != nil {
 		return fmt.Errorf("extract: %w", err)
@@ -133,13 +141,13 @@ func extractTo(r io.Reader, dest string, lim Limits, digests Digests) (retErr er
 		return fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
-	if err := extract(r, root, lim, digests); err != nil {
+	if err := extract(r, root, lim, digests, then); err != nil {
 		return fmt.Errorf("extract to %s: %w", dest, err)
 	}
 	return nil
 }
 
-func extract(r io.Reader, root *os.Root, lim Limits, digests Digests) error {
+func extract(r io.Reader, root *os.Root, lim Limits, digests Digests, after func(string) error) error {
 	tr := tar.NewReader(r)
 	buf := make([]byte, copyBufferSize)
 	var entries int
@@ -188,6 +196,11 @@ func extract(r io.Reader, root *os.Root, lim Limits, digests Digests) error {
 		total += hdr.Size
 		if err := writeEntry(root, name, tr, hdr.Size, buf, digests); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
+		}
+		if after != nil {
+			if err := after(name); err != nil {
+				return err
+			}
 		}
 	}
 }

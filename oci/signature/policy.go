@@ -142,12 +142,28 @@ func (p *Policy) Verify(ctx context.Context, dir, ns string) (Verified, error) {
 	return v, err
 }
 
+// VerifyAnyNamespace is Verify with every trusted key, whatever namespaces it is trusted for:
+// whether some key this node trusts signed dir's berth.json byte for byte. A receiver asks it
+// as soon as berth.json and berth.sig arrive, before the rest of a checkpoint (Verify, with the
+// namespace, judges the whole). Refusals and allow_unsigned are Verify's.
+func (p *Policy) VerifyAnyNamespace(ctx context.Context, dir string) (Verified, error) {
+	v, err := p.verifyWith(ctx, dir, "", p.allKeys())
+	if err != nil && p.AllowUnsigned && (errors.Is(err, ErrUnsigned) || errors.Is(err, ErrUntrustedKey)) {
+		return Verified{Warning: err}, nil
+	}
+	return v, err
+}
+
 func (p *Policy) verify(ctx context.Context, dir, ns string) (Verified, error) {
+	return p.verifyWith(ctx, dir, ns, p.keysFor(ns))
+}
+
+func (p *Policy) verifyWith(ctx context.Context, dir, ns string, keys []*Key) (Verified, error) {
 	env, err := ReadEnvelope(dir)
 	if err != nil {
 		return Verified{}, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
-	payload, id, err := env.Verify(ctx, p.keysFor(ns))
+	payload, id, err := env.Verify(ctx, keys)
 	if err != nil {
 		if errors.Is(err, ErrUntrustedKey) {
 			if _, other, oerr := env.Verify(ctx, p.allKeys()); oerr == nil {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -150,6 +151,12 @@ type Receiver struct {
 	// signature.Policy.Verify). An error refuses the checkpoint: the staging directory is
 	// removed and the sender told why. ctx ends at the TransferTimeout deadline.
 	Verify func(ctx context.Context, dir string) error
+	// VerifySignature, if not nil, is called on the staged signed directory as soon as its
+	// berth.json and berth.sig have arrived (signatureFirst), before the rest of the stream is
+	// written: whether any key this node trusts signed that berth.json (for any namespace: the
+	// namespace is Verify's to judge, with the whole checkpoint). An error refuses the stream
+	// there. nil: the signature is checked only by Verify, at the end.
+	VerifySignature func(ctx context.Context, dir string) error
 	// NoSync skips fsyncing the received files before they are renamed into place. Leave it
 	// false in production: a crash could otherwise leave a checkpoint in place whose files were
 	// never written to disk. Tests and benchmarks on throwaway directories may set it.
@@ -714,7 +721,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	}()
 
 	cr := &countingReader{r: io.LimitReader(br, hdr.TotalBytes), n: &slot.written}
-	digests, err := archive.ExtractDigests(cr, staging, lim)
+	digests, err := archive.ExtractDigestsThen(cr, staging, lim, r.signatureFirst(ctx, filepath.Join(staging, signed), signed))
 	if err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
@@ -793,6 +800,39 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		_ = checkpoint.WriteStamp(final, m)
 	}
 	return final, drained, nil
+}
+
+// signatureFirst returns the extraction hook that calls VerifySignature on the staged signed
+// directory (signed: its path relative to the checkpoint, "." or checkpoint.ImagesDir) as soon
+// as its berth.json and berth.sig are both written, or once another file follows berth.json
+// without a berth.sig (berth's archives carry the two first): a stream that no trusted key
+// signed is refused before its bulk reaches the disk. nil without VerifySignature.
+func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string) func(string) error {
+	if r.VerifySignature == nil {
+		return nil
+	}
+	manifest := path.Join(signed, checkpoint.ManifestFile)
+	sig := path.Join(signed, checkpoint.SignatureFile)
+	var haveManifest, haveSig, checked bool
+	return func(name string) error {
+		if checked {
+			return nil
+		}
+		switch name {
+		case manifest:
+			haveManifest = true
+		case sig:
+			haveSig = true
+		}
+		if !haveManifest || (!haveSig && name == manifest) || (!haveSig && signed != ".") {
+			return nil // a CRI archive's files come in containerd's order: wait for both
+		}
+		checked = true
+		if err := r.VerifySignature(ctx, dir); err != nil {
+			return fmt.Errorf("refused before the rest of the stream was written: %w", err)
+		}
+		return nil
+	}
 }
 
 // tlsHandshakeRecord is the first byte of a TLS connection (a handshake record: ClientHello).

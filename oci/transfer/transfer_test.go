@@ -666,3 +666,54 @@ func BenchmarkSend(b *testing.B) {
 		})
 	}
 }
+
+// TestSignatureFirst (issue 19): a checkpoint that no trusted key signed is refused as soon as
+// its berth.json and berth.sig (or the file after berth.json, when there is no berth.sig) have
+// arrived, before the rest of the stream is written (once 375 of 400 MiB reached the disk
+// first); a signed one is kept.
+func TestSignatureFirst(t *testing.T) {
+	root := t.TempDir()
+	var seen []string
+	unsigned := errors.New("checkpoint is not signed")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true,
+		VerifySignature: func(_ context.Context, dir string) error {
+			seen = nil
+			_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					rel, _ := filepath.Rel(dir, p)
+					seen = append(seen, rel)
+				}
+				return nil
+			})
+			if _, err := os.Stat(filepath.Join(dir, checkpoint.SignatureFile)); err != nil {
+				return unsigned
+			}
+			return nil
+		}})
+	src := filepath.Join(t.TempDir(), "c")
+	makeCheckpoint(t, src, 8<<20)
+	_, err := Send(context.Background(), dial(t, addr), src, "unsigned", nil)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "refused before the rest of the stream was written") {
+		t.Fatalf("unsigned: %v", err)
+	}
+	if o := wait(t, out); !errors.Is(o.err, unsigned) {
+		t.Fatalf("receiver: %v", o.err)
+	}
+	if len(seen) != 2 || seen[0] != checkpoint.ManifestFile {
+		t.Errorf("the signature was checked with %v on disk, want berth.json and the one file after it", seen)
+	}
+	assertRootClean(t, root)
+
+	if err := os.WriteFile(filepath.Join(src, checkpoint.SignatureFile), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Send(context.Background(), dial(t, addr), src, "signed", nil); err != nil {
+		t.Fatalf("signed: %v", err)
+	}
+	if o := wait(t, out); o.err != nil {
+		t.Fatal(o.err)
+	}
+	if strings.Join(seen, " ") != checkpoint.ManifestFile+" "+checkpoint.SignatureFile {
+		t.Errorf("the signature was checked with %v on disk, want berth.json and berth.sig only", seen)
+	}
+}

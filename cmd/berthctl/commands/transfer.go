@@ -293,7 +293,8 @@ the same on stdout, one JSON object a line ({"event": "listening"|"received"|"re
 				here.GPUs = n.gpu.Inventory()
 			}
 			rcv := &transfer.Receiver{Root: root, Verify: verify, AllowedPeers: allowed, TransferTimeout: transferTimeout, NoSync: noSync,
-				LazyGuard: lazyGuardArgv(),
+				VerifySignature: func(ctx context.Context, dir string) error { _, err := policy.VerifyAnyNamespace(ctx, dir); return err },
+				LazyGuard:       lazyGuardArgv(),
 				Preflight: func(ctx context.Context, q json.RawMessage) (json.RawMessage, error) {
 					a, err := move.AnswerPreflight(ctx, here, q)
 					if err == nil {
