@@ -53,7 +53,7 @@ func checkLength(v, where string, max int) error {
 	if len(v) <= max {
 		return nil
 	}
-	return fmt.Errorf("%w: %s is %d bytes, more than %d (max_annotation_bytes): %q...", ErrBadAnnotation, where, len(v), max, v[:64])
+	return fmt.Errorf("%w: %s is %d bytes, more than %d (max_annotation_bytes); it begins %q", ErrBadAnnotation, where, len(v), max, v[:64])
 }
 
 // parseGPUCount parses berth.dev/gpus: a whole number, 0 to maxGPUsAnnotation, nothing else.

@@ -57,6 +57,7 @@ func TestCtlRestoreNeverRunsCheckpointHooks(t *testing.T) {
 	hook := func(name string) []specs.Hook {
 		return []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "touch " + filepath.Join(marks, name)}}}
 	}
+	//lint:ignore SA1019 the attack uses prestart, deprecated in the runtime spec but still run by runc
 	sp.Hooks = &specs.Hooks{Prestart: hook("prestart"), CreateRuntime: hook("createRuntime"), StartContainer: hook("startContainer")}
 	if sp.Annotations == nil {
 		sp.Annotations = map[string]string{}

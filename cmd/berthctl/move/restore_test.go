@@ -24,6 +24,7 @@ func hostileSpec() *specs.Spec {
 			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
 		},
 		Hooks: &specs.Hooks{
+			//lint:ignore SA1019 the attack uses prestart, deprecated in the runtime spec but still run by runc
 			Prestart:      []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "touch /host-pwned"}}},
 			CreateRuntime: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "touch /host-pwned2"}}},
 		},
