@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/pelletier/go-toml/v2"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -44,6 +45,8 @@ type objects struct {
 	pods           []corev1.Pod
 	runtimeClasses []nodev1.RuntimeClass
 	netPolicies    []networkingv1.NetworkPolicy
+	admission      []admissionv1.ValidatingAdmissionPolicy
+	bindings       []admissionv1.ValidatingAdmissionPolicyBinding
 }
 
 // splitDocuments splits a multi-document YAML file on "---" lines and drops documents that hold
@@ -128,6 +131,14 @@ func load(t *testing.T) objects {
 				var v nodev1.RuntimeClass
 				strict(t, name, doc, &v)
 				o.runtimeClasses = append(o.runtimeClasses, v)
+			case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+				var v admissionv1.ValidatingAdmissionPolicy
+				strict(t, name, doc, &v)
+				o.admission = append(o.admission, v)
+			case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+				var v admissionv1.ValidatingAdmissionPolicyBinding
+				strict(t, name, doc, &v)
+				o.bindings = append(o.bindings, v)
 			case "networking.k8s.io/v1 NetworkPolicy":
 				var v networkingv1.NetworkPolicy
 				strict(t, name, doc, &v)
@@ -598,4 +609,50 @@ func ptrString(p *string) string {
 		return "(unset)"
 	}
 	return *p
+}
+
+// TestProbeUIDIsItsOwn: the probe runs as a uid that a ValidatingAdmissionPolicy, bound with
+// Deny, keeps every pod outside berth-system from (issue 19: as uid 65534 it could read the
+// environment of a workload running as nobody).
+func TestProbeUIDIsItsOwn(t *testing.T) {
+	o := load(t)
+	var uid int64 = -1
+	for _, ds := range o.daemonSets {
+		if ds.Name == "berth-probe" {
+			if sc := ds.Spec.Template.Spec.SecurityContext; sc != nil && sc.RunAsUser != nil {
+				uid = *sc.RunAsUser
+			}
+		}
+	}
+	if uid == 65534 || uid <= 0 {
+		t.Fatalf("the probe runs as uid %d: want a uid of its own (not root, not nobody)", uid)
+	}
+	var found bool
+	for _, p := range o.admission {
+		if p.Name != "berth-probe-uid" {
+			continue
+		}
+		text := ""
+		for _, v := range p.Spec.Variables {
+			text += v.Expression + "\n"
+		}
+		for _, v := range p.Spec.Validations {
+			text += v.Expression + "\n"
+		}
+		found = strings.Contains(text, strconv.FormatInt(uid, 10)) && strings.Contains(text, "berth-system") &&
+			strings.Contains(text, "initContainers") && strings.Contains(text, "ephemeralContainers")
+		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+			t.Error("berth-probe-uid does not fail closed")
+		}
+	}
+	if !found {
+		t.Fatalf("no ValidatingAdmissionPolicy berth-probe-uid that denies uid %d outside berth-system", uid)
+	}
+	bound := false
+	for _, b := range o.bindings {
+		bound = bound || (b.Spec.PolicyName == "berth-probe-uid" && slices.Contains(b.Spec.ValidationActions, admissionv1.Deny))
+	}
+	if !bound {
+		t.Error("berth-probe-uid is not bound with validationActions [Deny]")
+	}
 }

@@ -132,6 +132,36 @@ func TestKubeMove(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "delete", "namespace", ns, "--wait=false") })
 
+	t.Run("the probe's uid is its own", func(t *testing.T) {
+		// issue 19: a workload running as the probe's uid shares it with whoever execs into the
+		// probe (same-uid processes read each other's environment); the chart's admission
+		// policy refuses such a pod outside berth-system, in the pod's or a container's context
+		pod := func(name, podCtx, ctrCtx string) string {
+			return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + name + `"},"spec":{` + podCtx +
+				`"containers":[{"name":"c","image":"localhost/x:1"` + ctrCtx + `}]}}`
+		}
+		for _, tc := range []struct{ name, podCtx, ctrCtx string }{
+			{"probe-uid-pod", `"securityContext":{"runAsUser":64535},`, ""},
+			{"probe-uid-ctr", "", `,"securityContext":{"runAsUser":64535}`},
+		} {
+			var out string
+			var err error
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+				// a policy takes effect once the API server's admission has loaded it
+				out, err = c.KubectlIn(ctx, strings.NewReader(pod(tc.name, tc.podCtx, tc.ctrCtx)), "-n", ns, "create", "--dry-run=server", "-f", "-")
+				if err != nil || time.Now().After(deadline) {
+					break
+				}
+			}
+			if err == nil || !strings.Contains(err.Error(), "uid 64535 is the berth probe's") {
+				t.Errorf("%s in namespace %s: %q, %v; want the admission policy's refusal", tc.name, ns, out, err)
+			}
+		}
+		if out, err := c.KubectlIn(ctx, strings.NewReader(pod("other-uid", `"securityContext":{"runAsUser":1000},`, "")), "-n", ns, "create", "--dry-run=server", "-f", "-"); err != nil {
+			t.Errorf("a pod of another uid: %q, %v", out, err)
+		}
+	})
+
 	t.Run("agent holds no signing key", func(t *testing.T) {
 		// the agents' /etc/berth holds node.key, which shim.toml names as signing_key: the agent
 		// runs without it (its receiver never signs), and it is not in the agent's container

@@ -192,7 +192,7 @@ func Preflight(ctx context.Context, dst Destination, need Need) error {
 				value, fix := m.Source+" (missing)", "create it on the destination with what it held on the source"
 				if errors.Is(err, fs.ErrPermission) {
 					value = m.Source + " (not visible to the check: " + err.Error() + ")"
-					fix = "let the checking user (the berth probe's uid 65534) search its directories, or run the probe with DAC_READ_SEARCH (berth-probe-daemonset.yaml)"
+					fix = "let the checking user (the berth probe's uid 64535) search its directories, or run the probe with DAC_READ_SEARCH (berth-probe-daemonset.yaml)"
 				}
 				refuse(fmt.Sprintf("mounts[%d].source (destination %s)", i, m.Destination), value, "an existing path", fix)
 			}

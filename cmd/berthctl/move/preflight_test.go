@@ -357,14 +357,14 @@ func TestContainerPIDsCgroups(t *testing.T) {
 	}
 }
 
-// TestPreflightHostPathNotVisible: as the berth probe runs (uid 65534), a bind source under a
+// TestPreflightHostPathNotVisible: as the berth probe runs (uid 64535), a bind source under a
 // host directory it may not search (0700, such as /home/USER) is refused as not visible, beside
 // the other checks; it used to stop the whole check with securejoin's lstat error. Run as root,
-// the test runs itself again as uid 65534.
+// the test runs itself again as uid 64535.
 func TestPreflightHostPathNotVisible(t *testing.T) {
 	if os.Getenv("BERTH_TEST_NOT_VISIBLE_ROOT") == "" {
 		if os.Getuid() != 0 {
-			t.Skip("needs root, to run the check as uid 65534")
+			t.Skip("needs root, to run the check as uid 64535")
 		}
 		host, err := os.MkdirTemp("", "berth-notvisible-")
 		if err != nil {
@@ -382,7 +382,7 @@ func TestPreflightHostPathNotVisible(t *testing.T) {
 		if err := os.Chmod(host, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		// the test binary, where uid 65534 may run it (go test's build directory is root's, 0700)
+		// the test binary, where uid 64535 may run it (go test's build directory is root's, 0700)
 		bin := filepath.Join(host, "move.test")
 		b, err := os.ReadFile(os.Args[0])
 		if err != nil {
@@ -394,10 +394,10 @@ func TestPreflightHostPathNotVisible(t *testing.T) {
 		cmd := exec.Command(bin, "-test.run=^TestPreflightHostPathNotVisible$", "-test.v")
 		cmd.Env = append(os.Environ(), "BERTH_TEST_NOT_VISIBLE_ROOT="+host)
 		cmd.Dir = "/"
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 64535, Gid: 64535}}
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "--- PASS: TestPreflightHostPathNotVisible") {
-			t.Fatalf("as uid 65534: %v\n%s", err, out)
+			t.Fatalf("as uid 64535: %v\n%s", err, out)
 		}
 		return
 	}
