@@ -51,8 +51,14 @@ func TestXccOpenShmFile(t *testing.T) {
 	sums := fltDigests(t, dir)
 	fltNoErr(t, src.Remove(ctx, "xcc-s-src"))
 	fltNoErr(t, os.Remove(shm)) // the destination's /dev/shm lacks it
+	// without the mount, the restore is refused before anything is created, naming it
+	out, err := gfltRestore(t, ctx, c, dst, "xcc-s-nomount", "xcc-s")
+	fltRequireErr(t, "restore without the checkpoint's bind mount", out, err,
+		"--mount type=bind,src=/dev/shm,dst=/dev/shm,options=rbind:rw")
 
-	out, err := gfltRestore(t, ctx, c, dst, "xcc-s-r", "xcc-s")
+	// the destination gives the host's /dev/shm too (a restore takes no mount from a checkpoint)
+	hostShm := []string{"--mount", "type=bind,src=/dev/shm,dst=/dev/shm,options=rbind:rw"}
+	out, err = gfltRestore(t, ctx, c, dst, "xcc-s-r", "xcc-s", hostShm...)
 	fltRequireErr(t, "restore of a process holding a /dev/shm file the node lacks", out, err,
 		"the checkpointed process holds "+shm+" open, and this container's /dev/shm has no such file",
 		"have the workload keep no file open on /dev/shm when it is checkpointed",
@@ -61,7 +67,7 @@ func TestXccOpenShmFile(t *testing.T) {
 
 	// control: with the file back, the same checkpoint restores
 	fltNoErr(t, os.WriteFile(shm, []byte("segment"), 0o600))
-	if out, err := gfltRestore(t, ctx, c, dst, "xcc-s-ok", "xcc-s"); err != nil {
+	if out, err := gfltRestore(t, ctx, c, dst, "xcc-s-ok", "xcc-s", hostShm...); err != nil {
 		t.Fatalf("control: restore with %s in place: %v\n%s", shm, err, out)
 	}
 }

@@ -445,7 +445,8 @@ func TestCtlSignedCheckpoint(t *testing.T) {
 		r := ctStartReceive(t, ctx, c, root)
 		ctMust(t, ctx, c, "send", "--name", "good", good, r.addr)
 		for _, n := range names {
-			out := ctRefused(t, ctx, c, append([]string{"checkpoint rejected by receiver", "refused by verification"}, want[n]...),
+			// the signature is checked as soon as berth.json and berth.sig arrive
+			out := ctRefused(t, ctx, c, append([]string{"checkpoint rejected by receiver", "refused before the rest of the stream was written"}, want[n]...),
 				"send", "--name", n, forged[n], r.addr)
 			t.Logf("forged %s through receive: %s", n, strings.TrimSpace(out))
 		}

@@ -716,11 +716,13 @@ func gfltSend(t *testing.T, ctx context.Context, c *node.Cluster, dir, root, nam
 // gfltRestore runs `berthctl restore` of checkpoint name on n as container id. The container is
 // removed when the test ends, whatever the outcome (a failed restore must leave none, but if it
 // does, later tests must not see it).
-func gfltRestore(t *testing.T, ctx context.Context, c *node.Cluster, n *node.Node, id, name string) (string, error) {
+// extra are more flags of berthctl restore (--mount).
+func gfltRestore(t *testing.T, ctx context.Context, c *node.Cluster, n *node.Node, id, name string, extra ...string) (string, error) {
 	t.Helper()
 	t.Cleanup(func() { _ = n.Remove(context.Background(), id) })
-	return fltBerthctl(ctx, c, "restore", "--address", n.Socket, "-n", node.Namespace, "--root", n.CheckpointRoot,
-		"--id", id, "--log", filepath.Join(n.Dir, id+".log"), name)
+	args := append([]string{"restore", "--address", n.Socket, "-n", node.Namespace, "--root", n.CheckpointRoot,
+		"--id", id, "--log", filepath.Join(n.Dir, id+".log")}, extra...)
+	return fltBerthctl(ctx, c, append(args, name)...)
 }
 
 // gfltRestoreOK restores checkpoint name on n as id and returns the restored workload.

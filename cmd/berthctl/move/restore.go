@@ -181,13 +181,13 @@ func RestoreSpec(base, ckpt *specs.Spec, o RestoreOptions) (*specs.Spec, error) 
 	spec.Mounts = withMounts(spec.Mounts, o.Mounts)
 	var missing []string
 	for _, m := range ckpt.Mounts {
-		if !oci.IsBindMount(m) || gpuMount(m) || hasMount(spec.Mounts, m.Destination) {
+		if !oci.IsBindMount(m) || gpuMount(m) || hasBindMount(spec.Mounts, m.Destination) {
 			continue
 		}
 		missing = append(missing, fmt.Sprintf("--mount type=bind,src=%s,dst=%s,options=%s", m.Source, m.Destination, strings.Join(m.Options, ":")))
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("%w: the checkpoint's container had bind mounts the restore was not given (a checkpoint's mounts are never taken as they are): give them, with the paths of this node, as %s",
+		return nil, fmt.Errorf("%w: the checkpoint's container had bind mounts the restore was not given (a checkpoint's mounts are never taken as they are; CRIU needs each): give them, with the paths of this node, as %s",
 			ErrSpecRefused, strings.Join(missing, " "))
 	}
 	spec.Annotations = map[string]string{oci.AnnotationRestoreFrom: o.Ref}
@@ -238,9 +238,12 @@ func withMounts(mounts, add []specs.Mount) []specs.Mount {
 	return out
 }
 
-// hasMount reports whether mounts has one at destination dst.
-func hasMount(mounts []specs.Mount, dst string) bool {
-	return slices.ContainsFunc(mounts, func(m specs.Mount) bool { return path.Clean(m.Destination) == path.Clean(dst) })
+// hasBindMount reports whether mounts has a bind mount at destination dst (a default tmpfs
+// there, such as /dev/shm's, is not what CRIU restores a bind mount onto).
+func hasBindMount(mounts []specs.Mount, dst string) bool {
+	return slices.ContainsFunc(mounts, func(m specs.Mount) bool {
+		return path.Clean(m.Destination) == path.Clean(dst) && oci.IsBindMount(m)
+	})
 }
 
 // gpuMount reports whether m is a fake GPU's bind mount (gpu/fake's convention, under

@@ -32,6 +32,7 @@ func hostileSpec() *specs.Spec {
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/host", Type: "bind", Source: "/", Options: []string{"rbind", "rw"}},
 			{Destination: "/dev/berth-gpu/0", Type: "bind", Source: "/var/lib/fake-gpu/GPU-a", Options: []string{"rbind", "rw"}},
+			{Destination: "/dev/shm", Type: "bind", Source: "/dev/shm", Options: []string{"rbind", "rw"}},
 		},
 		Annotations: map[string]string{oci.AnnotationCRIUConfig: "/tmp/evil.conf", oci.AnnotationCRISandboxNamespace: "staging"},
 		Linux: &specs.Linux{
@@ -48,7 +49,8 @@ func defaultSpec() *specs.Spec {
 	return &specs.Spec{
 		Process: &specs.Process{Args: []string{"/entrypoint"}, Cwd: "/", User: specs.User{UID: 1000},
 			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN"}}, NoNewPrivileges: true},
-		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/dev", Type: "tmpfs", Source: "tmpfs"}},
+		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm"}},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}},
 			CgroupsPath: "/default/new"},
 	}
@@ -61,7 +63,8 @@ func defaultSpec() *specs.Spec {
 func TestRestoreSpecTakesOnlyAllowedFields(t *testing.T) {
 	ck := hostileSpec()
 	host := specs.Mount{Destination: "/host", Type: "bind", Source: "/srv/data", Options: []string{"rbind", "ro"}}
-	got, err := RestoreSpec(defaultSpec(), ck, RestoreOptions{Ref: "ck-1", Mounts: []specs.Mount{host}})
+	shm := specs.Mount{Destination: "/dev/shm", Type: "bind", Source: "/dev/shm", Options: []string{"rbind", "rw"}}
+	got, err := RestoreSpec(defaultSpec(), ck, RestoreOptions{Ref: "ck-1", Mounts: []specs.Mount{host, shm}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +87,7 @@ func TestRestoreSpecTakesOnlyAllowedFields(t *testing.T) {
 	for _, m := range got.Mounts {
 		dsts = append(dsts, m.Destination+"="+m.Source)
 	}
-	if strings.Join(dsts, " ") != "/proc=proc /dev=tmpfs /host=/srv/data" {
+	if strings.Join(dsts, " ") != "/proc=proc /dev=tmpfs /host=/srv/data /dev/shm=/dev/shm" {
 		t.Errorf("mounts %v: the destination's and the operator's only", dsts)
 	}
 }
@@ -94,8 +97,9 @@ func TestRestoreSpecTakesOnlyAllowedFields(t *testing.T) {
 // mount is the shim's to give.
 func TestRestoreSpecMissingMount(t *testing.T) {
 	_, err := RestoreSpec(defaultSpec(), hostileSpec(), RestoreOptions{Ref: "ck-1"})
-	if !errors.Is(err, ErrSpecRefused) || !strings.Contains(err.Error(), "--mount type=bind,src=/,dst=/host,options=rbind:rw") {
-		t.Fatalf("RestoreSpec: %v, want ErrSpecRefused naming the /host mount", err)
+	if !errors.Is(err, ErrSpecRefused) || !strings.Contains(err.Error(), "--mount type=bind,src=/,dst=/host,options=rbind:rw") ||
+		!strings.Contains(err.Error(), "--mount type=bind,src=/dev/shm,dst=/dev/shm,options=rbind:rw") {
+		t.Fatalf("RestoreSpec: %v, want ErrSpecRefused naming the /host mount and /dev/shm (a tmpfs by default)", err)
 	}
 	if strings.Contains(err.Error(), "berth-gpu") {
 		t.Errorf("the fake GPU's mount is named: %v", err)
