@@ -2,6 +2,11 @@
 SHELL := /bin/bash
 GO ?= go
 OUT := _output
+# runc's seccomp code (libcontainer/seccomp, cgo over libseccomp, which make deps installs) is
+# compiled only with this tag: berth-shim-helper compiles a pod's seccomp profile with it to
+# compare a checkpoint's filters (oci/privilege/seccompload). Every go command of this file, and
+# the tests' own builds (test/node), inherit it.
+export GOFLAGS := -tags=seccomp
 GOTEST_FLAGS ?= -count=1 -timeout 40m
 # staticcheck (honnef.co/go/tools): built from the Go module proxy into _output/tools, one
 # directory per version, so a version change installs the new one and an unchanged one is kept.

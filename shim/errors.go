@@ -15,6 +15,7 @@ import (
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/fingerprint"
 	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/privilege/seccompbpf"
 	"github.com/berth-dev/berth/oci/registry/regdef"
 	"github.com/berth-dev/berth/oci/signature"
 )
@@ -124,7 +125,7 @@ func errorClasses() []struct {
 		// who may restore what: namespaces, registries, signatures, privileges
 		{is(ErrNamespaceRefused, ErrRegistryNotAllowed, regdef.ErrUnauthorized,
 			signature.ErrUnsigned, signature.ErrUntrustedKey, signature.ErrBadSignature,
-			privilege.ErrExceedsSpec, ErrUncoveredRootfsDiff), errdefs.ErrPermissionDenied},
+			privilege.ErrExceedsSpec, seccompbpf.ErrMorePermissive, ErrUncoveredRootfsDiff), errdefs.ErrPermissionDenied},
 		// what the caller asked for is malformed or points outside what is allowed
 		{is(checkpoint.ErrInvalidRef, checkpoint.ErrOutsideRoot, regdef.ErrNoTag, ErrInvalidSpec, ErrRegistryDigest,
 			ErrBadArchive, archive.ErrUnsafePath, archive.ErrLink, archive.ErrSpecialFile, archive.ErrFileTooLarge,
@@ -138,7 +139,8 @@ func errorClasses() []struct {
 		{is(checkpoint.ErrDigestMismatch, checkpoint.ErrMissingFile, checkpoint.ErrExtraFile, checkpoint.ErrTruncated,
 			checkpoint.ErrSizeMismatch, checkpoint.ErrInvalidManifest, checkpoint.ErrUnsupportedVersion, checkpoint.ErrUnsupportedFile,
 			checkpoint.ErrInvalidRoot, checkpoint.ErrPagesUnverified, regdef.ErrNotCheckpoint, regdef.ErrLayerMismatch,
-			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey), errdefs.ErrFailedPrecondition},
+			ErrNoSecurityContext, checkpoint.ErrChanged, signature.ErrBadKey,
+			seccompbpf.ErrBadProgram, seccompbpf.ErrTooComplex, seccompbpf.ErrCompile), errdefs.ErrFailedPrecondition},
 		{fingerprintMismatch, errdefs.ErrFailedPrecondition},
 		// the GPUs cannot take the step now, or ever on this driver
 		{is(gpu.ErrTimeout), errdefs.ErrUnavailable},

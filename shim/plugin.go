@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/criu"
 	"github.com/berth-dev/berth/gpu/backend"
@@ -90,10 +91,13 @@ func RealDeps(cfg Config) (Deps, error) {
 		},
 		DumpStats:     criu.ReadDumpStats,
 		ReadProcesses: func(dir string) ([]privilege.Process, error) { return helpers.ReadProcesses(context.Background(), dir) },
-		GPU:           b,
-		Registry:      helpers,
-		Trust:         policy,
-		Now:           time.Now,
+		CheckSeccomp: func(dir string, profile *specs.LinuxSeccomp) error {
+			return helpers.CheckSeccomp(context.Background(), dir, profile)
+		},
+		GPU:      b,
+		Registry: helpers,
+		Trust:    policy,
+		Now:      time.Now,
 	}, nil
 }
 

@@ -301,6 +301,13 @@ func (s *Service) checkProcesses(plan *restorePlan, spec *specs.Spec) error {
 	if err := privilege.CheckProcesses(procs, spec); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", plan.name(), err)
 	}
+	if spec.Linux != nil && spec.Linux.Seccomp != nil {
+		// CRIU restores the processes' own filters, never this spec's profile: they must be at
+		// least as strict, signed or not (a forged seccomp.img once restored RET ALLOW)
+		if err := s.deps.CheckSeccomp(plan.runcImages(), spec.Linux.Seccomp); err != nil {
+			return fmt.Errorf("checkpoint %s: its processes' seccomp filters against this pod's profile: %w", plan.name(), err)
+		}
+	}
 	return nil
 }
 

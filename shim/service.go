@@ -53,6 +53,11 @@ type Deps struct {
 	// bindings are not part of every container's shim; nil: the helper, run without the
 	// reaper); a restore compares them with the destination spec.
 	ReadProcesses func(imagesDir string) ([]privilege.Process, error)
+	// CheckSeccomp compares the seccomp filters of the processes in a CRIU image directory with
+	// the filter runc installs for a spec's profile (helper.Client.CheckSeccomp: in
+	// berth-shim-helper, which links runc's seccomp code; nil: the helper, run without the
+	// reaper). Its errors match seccompbpf's sentinels.
+	CheckSeccomp func(imagesDir string, profile *specs.LinuxSeccomp) error
 	// Registry parses values, resolves tags and pulls checkpoints for berth.dev/restore-from=oci://...
 	// restores. RealDeps runs berth-shim-helper for each call (helper.Client), so that the
 	// registry client is not part of every container's shim process. nil: such restores fail.
@@ -153,6 +158,11 @@ func NewService(inner taskAPI.TTRPCTaskService, cfg Config, deps Deps) *Service 
 	if deps.ReadProcesses == nil {
 		deps.ReadProcesses = func(dir string) ([]privilege.Process, error) {
 			return helper.Client{}.ReadProcesses(context.Background(), dir)
+		}
+	}
+	if deps.CheckSeccomp == nil {
+		deps.CheckSeccomp = func(dir string, profile *specs.LinuxSeccomp) error {
+			return helper.Client{}.CheckSeccomp(context.Background(), dir, profile)
 		}
 	}
 	return &Service{TTRPCTaskService: inner, cfg: cfg, deps: deps,

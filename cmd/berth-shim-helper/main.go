@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/berth-dev/berth/oci/privilege/seccompload"
 	"github.com/berth-dev/berth/shim/helper"
 	"github.com/berth-dev/berth/shim/helper/serve"
 )
@@ -26,6 +27,9 @@ func main() {
 	switch {
 	case len(os.Args) == 2 && os.Args[1] == helper.Command:
 		os.Exit(run())
+	case len(os.Args) == 2 && os.Args[1] == seccompload.ChildCommand:
+		// the child of a seccomp check: loads the profile on standard input as runc does
+		os.Exit(seccompload.Child(os.Stdin, os.Stdout))
 	case len(os.Args) == 2 && os.Args[1] == helper.InventoryCommand:
 		// until standard input ends (the shim closed it or exited) or the shim is idle
 		os.Exit(helper.ServeInventory(os.Stdin, os.Stdout, serve.OpenInventory, helper.InventoryIdle))

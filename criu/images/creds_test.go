@@ -698,3 +698,30 @@ func TestCredsTail(t *testing.T) {
 		}
 	}
 }
+
+// TestReadSeccompChains: the filter chains of the seccomp-tsync and seccomp-mixed dumps (see
+// TestReadProcessesSeccompTSync): every filtered thread has one filter, the allow-all program
+// (one instruction, RET ALLOW); a thread that shares its main thread's synchronised chain gets
+// that chain; the thread started before the filter has none and is not listed.
+func TestReadSeccompChains(t *testing.T) {
+	allow := []byte{0x06, 0, 0, 0, 0, 0, 0xff, 0x7f}
+	for _, tc := range []struct {
+		dir     string
+		threads int
+	}{{"seccomp-tsync", 4}, {"seccomp-mixed", 4}} {
+		t.Run(tc.dir, func(t *testing.T) {
+			chains, err := ReadSeccompChains(filepath.Join("testdata", "images", tc.dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(chains) != tc.threads {
+				t.Fatalf("%d chains, want %d (one per filtered thread): %+v", len(chains), tc.threads, chains)
+			}
+			for _, c := range chains {
+				if len(c.Filters) != 1 || !slices.Equal(c.Filters[0], allow) {
+					t.Errorf("thread %d: chain %x, want the one allow-all filter", c.TID, c.Filters)
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 // Package images reads the credentials of every thread in a CRIU images directory
 // (ReadProcesses: pstree.img and core-<tid>.img through go-criu's crit bindings, as
-// privilege.Process values for the restore check in oci/privilege).
+// privilege.Process values for the restore check in oci/privilege), and each filtered thread's
+// seccomp filter chain (ReadSeccompChains: seccomp.img, for oci/privilege/seccompbpf).
 //
 // It is apart from package criu because go-criu's crit bindings register the protobuf
 // descriptors of every CRIU image type (and every architecture's core) at init: the shim, which

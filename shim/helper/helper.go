@@ -3,7 +3,9 @@
 // (oras-go's reference grammar, whose regular expressions compile at init), resolving its tag
 // and pulling its checkpoint from a registry (oras-go, net/http's client and TLS),
 // and reading the credentials of a checkpoint's processes from its CRIU images at restore
-// (go-criu's image bindings, which register every CRIU image type at init), and, on a CUDA node,
+// (go-criu's image bindings, which register every CRIU image type at init), comparing a
+// checkpoint's seccomp filters with the destination's profile as runc compiles it (runc's
+// seccomp code and libseccomp, through a child process that loads it), and, on a CUDA node,
 // reading the GPU inventory through NVML (Inventory). Every container has its own long-running
 // shim process, and a Go process's resident memory grows with its binary (the kernel maps nearly
 // all of the binary's text and read-only data into it), so code linked into the shim costs every
@@ -42,11 +44,13 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/oci/archive"
 	"github.com/berth-dev/berth/oci/checkpoint"
 	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/privilege/seccompbpf"
 	"github.com/berth-dev/berth/oci/registry/regdef"
 )
 
@@ -71,6 +75,11 @@ const (
 	// registry references (oras-go's grammar), and answers it in Answer.RestoreFrom; its
 	// errors are ParseRestoreFrom's (they match checkpoint.ErrInvalidRef).
 	OpParseRestoreFrom = "parse-restore-from"
+	// OpCheckSeccomp compares the seccomp filters of every process in the CRIU images directory
+	// Request.Dir with the filter runc installs for the profile Request.Seccomp (seccompbpf.Compare
+	// against seccompload.Compile): an error names each system call a process's filters let do
+	// more, and matches seccompbpf.ErrMorePermissive.
+	OpCheckSeccomp = "check-seccomp"
 )
 
 // RegistryOptions say how to reach a registry: PlainHTTP talks HTTP instead of HTTPS,
@@ -92,6 +101,8 @@ type Request struct {
 	Ref      string          `json:"ref"`
 	Dir      string          `json:"dir,omitempty"`
 	Registry RegistryOptions `json:"registry"`
+	// Seccomp is the destination spec's profile, for OpCheckSeccomp.
+	Seccomp *specs.LinuxSeccomp `json:"seccomp,omitempty"`
 }
 
 // Answer is what the helper writes to its standard output: the digest for OpResolve, the
@@ -146,6 +157,10 @@ var kinds = []struct {
 	{"canceled", context.Canceled},
 	{"deadline-exceeded", context.DeadlineExceeded},
 	{"gpu-unsupported", gpu.ErrUnsupported},
+	{"seccomp-more-permissive", seccompbpf.ErrMorePermissive},
+	{"seccomp-compile", seccompbpf.ErrCompile},
+	{"seccomp-bad-program", seccompbpf.ErrBadProgram},
+	{"seccomp-too-complex", seccompbpf.ErrTooComplex},
 }
 
 // EncodeError returns err as it crosses the boundary; nil for nil.
@@ -271,6 +286,15 @@ func (c Client) ReadProcesses(ctx context.Context, dir string) ([]privilege.Proc
 	return a.Processes, nil
 }
 
+// CheckSeccomp compares the seccomp filters of every process in the CRIU images directory dir
+// with the filter runc installs for profile (OpCheckSeccomp). nil when none lets a system call do
+// more; errors match seccompbpf's sentinels (ErrMorePermissive naming the process and the system
+// calls, ErrCompile, ErrBadProgram, ErrTooComplex), or say why the helper gave no answer.
+func (c Client) CheckSeccomp(ctx context.Context, dir string, profile *specs.LinuxSeccomp) error {
+	_, err := c.call(ctx, Request{Op: OpCheckSeccomp, Dir: dir, Seccomp: profile})
+	return err
+}
+
 // maxStderr bounds the helper's standard error kept for an error message, in bytes.
 const maxStderr = 4 << 10
 
@@ -329,6 +353,7 @@ type Handlers struct {
 	Resolve          func(ctx context.Context, ref string, o RegistryOptions) (string, error)
 	Pull             func(ctx context.Context, ref, dir string, o RegistryOptions) error
 	ReadProcesses    func(ctx context.Context, dir string) ([]privilege.Process, error)
+	CheckSeccomp     func(ctx context.Context, dir string, profile *specs.LinuxSeccomp) error
 }
 
 // Serve reads one Request from in, runs it with h, and writes its Answer to out. It returns the
@@ -362,8 +387,14 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, h Handlers) int {
 		} else {
 			a.Processes, err = h.ReadProcesses(ctx, req.Dir)
 		}
+	case OpCheckSeccomp:
+		if req.Dir == "" || req.Seccomp == nil || h.CheckSeccomp == nil {
+			err = fmt.Errorf("check seccomp: no images directory, profile or handler: %w", errdefs.ErrInvalidArgument)
+		} else {
+			err = h.CheckSeccomp(ctx, req.Dir, req.Seccomp)
+		}
 	default:
-		err = fmt.Errorf("unknown op %q (want %s, %s, %s or %s): %w", req.Op, OpResolve, OpPull, OpReadProcesses, OpParseRestoreFrom, errdefs.ErrInvalidArgument)
+		err = fmt.Errorf("unknown op %q (want %s, %s, %s, %s or %s): %w", req.Op, OpResolve, OpPull, OpReadProcesses, OpParseRestoreFrom, OpCheckSeccomp, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		a = Answer{Error: EncodeError(err)}

@@ -10,13 +10,18 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/berth-dev/berth/criu/images"
 	"github.com/berth-dev/berth/gpu"
 	"github.com/berth-dev/berth/gpu/nvml"
 	"github.com/berth-dev/berth/oci/privilege"
+	"github.com/berth-dev/berth/oci/privilege/seccompbpf"
+	"github.com/berth-dev/berth/oci/privilege/seccompload"
 	"github.com/berth-dev/berth/oci/registry"
 	"github.com/berth-dev/berth/oci/registry/reference"
 	"github.com/berth-dev/berth/oci/registry/regdef"
@@ -45,7 +50,54 @@ func Handlers() helper.Handlers {
 		ReadProcesses: func(_ context.Context, dir string) ([]privilege.Process, error) {
 			return images.ReadProcesses(dir)
 		},
+		CheckSeccomp: CheckSeccomp,
 	}
+}
+
+// CheckSeccomp compares the filter chain of every process in the CRIU images directory dir that
+// runs a seccomp filter with the filter runc installs for profile (seccompload.Compile, by this
+// executable run as `berth-shim-helper seccomp-load`), with seccompbpf.Compare over the host's
+// architectures. nil when no process has a filter (one without, where the profile asks for one,
+// is privilege.CheckProcesses's to refuse) or none lets a system call do more. Errors name the
+// process and wrap seccompbpf's sentinels, or images.ReadSeccompChains's.
+func CheckSeccomp(ctx context.Context, dir string, profile *specs.LinuxSeccomp) error {
+	chains, err := images.ReadSeccompChains(dir)
+	if err != nil || len(chains) == 0 {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("%w: %w", seccompbpf.ErrCompile, err)
+	}
+	raw, err := seccompload.Compile(ctx, profile, exe, seccompload.ChildCommand)
+	if err != nil {
+		return err
+	}
+	want, err := seccompbpf.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("the profile as runc compiled it: %w", err)
+	}
+	arches := seccompbpf.HostArches()
+	seen := map[string]bool{} // a chain shared by threads is compared once
+	for _, c := range chains {
+		key := fmt.Sprint(c.Filters)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		var progs []seccompbpf.Program
+		for i, f := range c.Filters {
+			p, err := seccompbpf.Parse(f)
+			if err != nil {
+				return fmt.Errorf("process %d (%s) thread %d: filter %d: %w", c.PID, c.Comm, c.TID, i, err)
+			}
+			progs = append(progs, p)
+		}
+		if err := seccompbpf.Compare(progs, want, arches); err != nil {
+			return fmt.Errorf("process %d (%s) thread %d: %w", c.PID, c.Comm, c.TID, err)
+		}
+	}
+	return nil
 }
 
 // OpenInventory opens the node's GPU inventory for helper.ServeInventory: NVML
