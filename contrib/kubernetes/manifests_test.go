@@ -254,11 +254,23 @@ func TestDaemonSetsLeastPrivilege(t *testing.T) {
 					hostPaths[v.Name] = v.HostPath.Path
 				}
 			}
+			// least privilege, the same for every DaemonSet (issue 19): no API token (none of
+			// them calls the API server), the runtime's default seccomp profile, every capability
+			// dropped before any is added
+			if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+				t.Error("mounts a service account token; berth's DaemonSets never call the API server")
+			}
+			if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Error("runs without the RuntimeDefault seccomp profile")
+			}
 			for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 				sc := c.SecurityContext
 				if sc == nil {
 					t.Errorf("container %s: no securityContext", c.Name)
 					continue
+				}
+				if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, corev1.Capability("ALL")) {
+					t.Errorf("container %s does not drop every capability", c.Name)
 				}
 				if sc.Privileged != nil && *sc.Privileged {
 					t.Errorf("container %s is privileged; NRI plugins and the label writer need only their files", c.Name)
