@@ -83,7 +83,11 @@ const (
 // Kind returns the gpu sentinel error a CUresult means, or nil when it means none of them (the
 // error then carries only the code and the driver's message):
 //
-//   - CUDA_ERROR_TIMEOUT -> gpu.ErrTimeout (Lock did not complete within timeoutMs)
+//   - CUDA_ERROR_TIMEOUT, CUDA_ERROR_NOT_READY -> gpu.ErrTimeout (cuCheckpointProcessLock
+//     documents NOT_READY, never TIMEOUT, for a lock that did not complete within timeoutMs: the
+//     process is left RUNNING)
+//   - CUDA_ERROR_OUT_OF_MEMORY -> gpu.ErrOutOfMemory (driver 580 answers it for a restore onto a
+//     GPU without the free memory, cuda-checkpoint#44; the process is then wedged)
 //   - CUDA_ERROR_ILLEGAL_STATE -> gpu.ErrIllegalState (wrong checkpoint state for the call)
 //   - CUDA_ERROR_NOT_FOUND, CUDA_ERROR_INVALID_VALUE -> gpu.ErrNotCUDA (the driver's answer for a
 //     PID that holds no CUDA context; berth passes only well-formed arguments, so an invalid
@@ -91,10 +95,14 @@ const (
 //   - CUDA_ERROR_NOT_SUPPORTED, NOT_INITIALIZED, DEINITIALIZED, NO_DEVICE, NOT_PERMITTED,
 //     SYSTEM_NOT_READY, SYSTEM_DRIVER_MISMATCH, COMPAT_NOT_SUPPORTED_ON_DEVICE and the MPS errors
 //     -> gpu.ErrUnsupported (no usable driver, MIG or MPS in use, or not permitted)
+//
+// Error.Unwrap refines this by call (KindOf).
 func (r Result) Kind() error {
 	switch r {
-	case ErrorTimeout:
+	case ErrorTimeout, ErrorNotReady:
 		return gpu.ErrTimeout
+	case ErrorOutOfMemory:
+		return gpu.ErrOutOfMemory
 	case ErrorIllegalState:
 		return gpu.ErrIllegalState
 	case ErrorNotFound, ErrorInvalidValue:
@@ -108,9 +116,21 @@ func (r Result) Kind() error {
 	return nil
 }
 
+// KindOf is Kind for the CUresult r of the driver call named call: the state queries
+// (cuCheckpointProcessGetState, cuCheckpointProcessGetRestoreThreadId) answer NOT_INITIALIZED
+// for a live PID that never initialised CUDA (NVIDIA's checkpoint agent takes it, like
+// INVALID_VALUE, as "no CUDA state"), so there it means gpu.ErrNotCUDA: a container whose PID 1
+// is a shell or tini is not refused for it. berth calls them only after cuInit succeeded.
+func KindOf(call string, r Result) error {
+	if r == ErrorNotInitialized && (call == "cuCheckpointProcessGetState" || call == "cuCheckpointProcessGetRestoreThreadId") {
+		return gpu.ErrNotCUDA
+	}
+	return r.Kind()
+}
+
 // Error is a failed CUDA driver call: the C function (Call), its CUresult (Code) and the
 // driver's name and description of the code (cuGetErrorName, cuGetErrorString; empty when the
-// driver has none). It unwraps to Code.Kind(), so errors.Is(err, gpu.ErrTimeout) works.
+// driver has none). It unwraps to KindOf(Call, Code), so errors.Is(err, gpu.ErrTimeout) works.
 type Error struct {
 	Call    string
 	Code    Result
@@ -129,14 +149,14 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		s += " (" + e.Message + ")"
 	}
-	if k := e.Code.Kind(); k != nil {
+	if k := KindOf(e.Call, e.Code); k != nil {
 		s += ": " + k.Error()
 	}
 	return s
 }
 
-// Unwrap returns the gpu sentinel error the code means (see Result.Kind), or nil.
-func (e *Error) Unwrap() error { return e.Code.Kind() }
+// Unwrap returns the gpu sentinel error the code means for the call (KindOf), or nil.
+func (e *Error) Unwrap() error { return KindOf(e.Call, e.Code) }
 
 // parseUUID turns "GPU-<8>-<4>-<4>-<4>-<12>" (NVML's and nvidia-smi's form; the "GPU-" prefix is
 // optional) into the 16 bytes of a CUuuid.

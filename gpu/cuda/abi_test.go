@@ -54,7 +54,8 @@ func TestResultKind(t *testing.T) {
 		{ErrorCompatNotSupported, gpu.ErrUnsupported},
 		{ErrorMPSConnectionFailed, gpu.ErrUnsupported},
 		{ErrorMPSClientTerminated, gpu.ErrUnsupported},
-		{ErrorOutOfMemory, nil},
+		{ErrorOutOfMemory, gpu.ErrOutOfMemory}, // issue 21: driver 580's answer to a restore onto a full GPU
+		{ErrorNotReady, gpu.ErrTimeout},        // issue 21: what cuCheckpointProcessLock documents for its timeout
 		{ErrorUnknown, nil},
 		{Result(12345), nil},
 	} {
@@ -72,6 +73,28 @@ func TestResultKind(t *testing.T) {
 	e := &Error{Call: "cuCheckpointProcessLock", Code: ErrorTimeout, Name: "CUDA_ERROR_TIMEOUT", Message: "the timeout lapsed"}
 	if got, want := e.Error(), "cuCheckpointProcessLock: CUDA_ERROR_TIMEOUT (the timeout lapsed): timed out"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+// TestKindOf: NOT_INITIALIZED from the state queries is a PID without CUDA (a shell or tini as
+// the container's PID 1), from any other call a driver that cannot be used.
+func TestKindOf(t *testing.T) {
+	for _, c := range []struct {
+		call string
+		r    Result
+		want error
+	}{
+		{"cuCheckpointProcessGetState", ErrorNotInitialized, gpu.ErrNotCUDA},
+		{"cuCheckpointProcessGetRestoreThreadId", ErrorNotInitialized, gpu.ErrNotCUDA},
+		{"cuCheckpointProcessGetState", ErrorInvalidValue, gpu.ErrNotCUDA},
+		{"cuCheckpointProcessLock", ErrorNotInitialized, gpu.ErrUnsupported},
+		{"cuCheckpointProcessLock", ErrorNotReady, gpu.ErrTimeout},
+		{"cuCheckpointProcessRestore", ErrorOutOfMemory, gpu.ErrOutOfMemory},
+	} {
+		e := &Error{Call: c.call, Code: c.r}
+		if !errors.Is(e, c.want) {
+			t.Errorf("%s %d: %v does not match %v", c.call, c.r, e, c.want)
+		}
 	}
 }
 
