@@ -24,9 +24,11 @@ const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 const deviceMajor = 195
 
 // ContainerGPUs returns the UUIDs of the GPUs spec gives the container, in its device order:
-// from NVIDIA_VISIBLE_DEVICES (UUIDs or indices into devs; "all" means every GPU; "none", "void"
-// or empty: none), else from /dev/nvidia<minor> entries in linux.devices matched against devs'
-// DevicePaths. An index or device that devs lacks is an error naming it.
+// from NVIDIA_VISIBLE_DEVICES when it names GPUs (UUIDs or indices into devs; "all" means every
+// GPU), else from the /dev/nvidia<minor> entries in linux.devices matched against devs'
+// DevicePaths. "void", "none" or an empty value names none, and the device nodes decide: a CDI
+// container (nvidia-ctk's specs, the GPU Operator's default) has NVIDIA_VISIBLE_DEVICES=void and
+// its GPUs as device nodes. An index or device that devs lacks is an error naming it.
 func ContainerGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 	if spec.Process != nil {
 		for _, e := range spec.Process.Env {
@@ -36,7 +38,7 @@ func ContainerGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 			}
 			switch v {
 			case "", "none", "void":
-				return nil, nil
+				return deviceGPUs(spec, devs)
 			case "all":
 				var out []string
 				for _, d := range devs {
@@ -60,6 +62,11 @@ func ContainerGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 			return out, nil
 		}
 	}
+	return deviceGPUs(spec, devs)
+}
+
+// deviceGPUs returns the GPUs of spec's /dev/nvidia<minor> device nodes, in spec order.
+func deviceGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 	if spec.Linux == nil {
 		return nil, nil
 	}

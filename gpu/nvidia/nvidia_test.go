@@ -27,6 +27,12 @@ func TestContainerGPUs(t *testing.T) {
 		{name: "indices", env: []string{"NVIDIA_VISIBLE_DEVICES=1,2"}, want: "GPU-b,GPU-c"},
 		{name: "all", env: []string{"NVIDIA_VISIBLE_DEVICES=all"}, want: "GPU-a,GPU-b,GPU-c"},
 		{name: "none", env: []string{"NVIDIA_VISIBLE_DEVICES=void"}, want: ""},
+		// issue 21: CDI (nvidia-ctk's specs, the GPU Operator's default) sets void and injects
+		// the device nodes; once read as no GPUs, so a checkpoint skipped the GPU steps
+		{name: "CDI: void and device nodes", env: []string{"NVIDIA_VISIBLE_DEVICES=void"},
+			devices: []specs.LinuxDevice{{Path: "/dev/nvidiactl"}, {Path: "/dev/nvidia-uvm"}, {Path: "/dev/nvidia1"}}, want: "GPU-b"},
+		{name: "empty and device nodes", env: []string{"NVIDIA_VISIBLE_DEVICES="},
+			devices: []specs.LinuxDevice{{Path: "/dev/nvidia0"}, {Path: "/dev/nvidia2"}}, want: "GPU-a,GPU-c"},
 		{name: "bad index", env: []string{"NVIDIA_VISIBLE_DEVICES=7"}, wantErr: `"7" is neither`},
 		{name: "device nodes", devices: []specs.LinuxDevice{{Path: "/dev/nvidiactl"}, {Path: "/dev/nvidia2"}}, want: "GPU-c"},
 		{name: "unknown device node", devices: []specs.LinuxDevice{{Path: "/dev/nvidia9"}}, wantErr: "/dev/nvidia9"},
