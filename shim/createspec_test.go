@@ -63,8 +63,14 @@ func TestPrepareCreateFresh(t *testing.T) {
 				}
 				return
 			}
-			if b, err := os.ReadFile(conf); err != nil || string(b) != "tcp-close\next-unix-sk\n" {
+			// issue 21: CRIU's plugin directory is an empty one of the bundle, so CRIU's own CUDA
+			// plugin never restores a GPU process without berth's device map
+			libdir := filepath.Join(bundle, criuLibdirName)
+			if b, err := os.ReadFile(conf); err != nil || string(b) != "tcp-close\next-unix-sk\nlibdir "+libdir+"\n" {
 				t.Errorf("%s = %q, %v", criuConfigName, b, err)
+			}
+			if ents, err := os.ReadDir(libdir); err != nil || len(ents) != 0 {
+				t.Errorf("CRIU's plugin directory %s: %v %v, want it empty", libdir, ents, err)
 			}
 			// the same spec as before, plus the annotation
 			var before, after specs.Spec

@@ -3,10 +3,13 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -602,16 +605,34 @@ func (s *Service) setCRIUConfig(bundle string, spec *specs.Spec) (bool, error) {
 	return true, nil
 }
 
+// criuLibdirName is the empty directory in each bundle that the shim's CRIU configuration names
+// as CRIU's plugin directory (libdir).
+const criuLibdirName = "berth-criu-plugins"
+
 // writeCRIUConfig writes the bundle's CRIU configuration file (cfg.CRIUOptions, one per line)
 // unless the annotations ann of its spec name another file. It returns the file's path and
 // whether the spec's org.criu.config annotation must be set to it (it names no file yet).
+//
+// Unless cfg.CRIUOptions names a libdir of its own, the file points CRIU's plugin directory at
+// an empty directory of the bundle (criuLibdirName): CRIU's CUDA plugin, which its build
+// installs into the default libdir and which acts whenever cuda-checkpoint is on PATH, would
+// otherwise restore and unlock the CUDA state at restore without berth's device map, racing
+// berth's own GPU steps (NVIDIA's checkpoint agent runs CRIU with an empty libdir too).
 func (s *Service) writeCRIUConfig(bundle string, ann map[string]string) (path string, set bool, err error) {
 	path = filepath.Join(bundle, criuConfigName)
 	cur, ok := ann[oci.AnnotationCRIUConfig]
 	if ok && filepath.Base(cur) != criuConfigName {
 		return "", false, nil // the user chose their own CRIU configuration
 	}
-	body := strings.Join(s.cfg.CRIUOptions, "\n") + "\n"
+	opts := slices.Clone(s.cfg.CRIUOptions)
+	if !slices.ContainsFunc(opts, func(o string) bool { return o == "libdir" || strings.HasPrefix(o, "libdir ") }) {
+		libdir := filepath.Join(bundle, criuLibdirName)
+		if err := os.Mkdir(libdir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", false, fmt.Errorf("CRIU plugin directory: %w", err)
+		}
+		opts = append(opts, "libdir "+libdir)
+	}
+	body := strings.Join(opts, "\n") + "\n"
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		return "", false, fmt.Errorf("write CRIU config: %w", err)
 	}
