@@ -100,6 +100,16 @@ const (
 
 // CheckDriver returns nil when v supports the checkpoint API (and remapping when remap is set),
 // else an error wrapping ErrUnsupported that names the version found and the one needed.
+// CheckDevice refuses a GPU the CUDA checkpoint API cannot take: one in MIG mode ("MIG isn't
+// supported right now", an NVIDIA maintainer on cuda-checkpoint#42; a checkpoint then fails with
+// an out-of-memory error that names nothing). The error wraps ErrUnsupported and names the GPU.
+func CheckDevice(d Device) error {
+	if d.MIG {
+		return fmt.Errorf("GPU %s (%s) is in MIG mode, which NVIDIA's CUDA checkpoint API does not support: %w", d.UUID, d.Name, ErrUnsupported)
+	}
+	return nil
+}
+
 func CheckDriver(v Versions, remap bool) error {
 	if v.DriverMajor < MinDriverCheckpoint {
 		return fmt.Errorf("CUDA checkpoint API needs NVIDIA driver >= %d, this node has %s: %w", MinDriverCheckpoint, v.Driver, ErrUnsupported)

@@ -121,6 +121,9 @@ func (s *Service) beginGPUCheckpoint(ctx context.Context, id string, st *taskAPI
 		if !ok {
 			return nil, fmt.Errorf("container GPU %s is not on this node: %w", u, errdefs.ErrFailedPrecondition)
 		}
+		if err := gpu.CheckDevice(d); err != nil { // before anything is thawed or locked
+			return nil, err
+		}
 		g.record.Devices = append(g.record.Devices, checkpoint.GPUDevice{UUID: d.UUID, Name: d.Name, MemoryTotal: d.MemoryTotal, DevicePaths: d.DevicePaths})
 	}
 	g.record.Links = s.containerLinks(ctx, devs, uuids)
@@ -411,6 +414,9 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) (dev
 	pairs := choice.Pairs
 	for i, src := range st.Devices {
 		d, _ := findDevice(devs, pairs[i].New)
+		if err := gpu.CheckDevice(d); err != nil {
+			return devicemap.Choice{}, err
+		}
 		if d.Name != src.Name {
 			return devicemap.Choice{}, mismatch(fmt.Sprintf("gpu[%d].name", i), src.Name, d.Name)
 		}

@@ -169,6 +169,21 @@ func gpuFixture(t *testing.T, status task.Status) (*Service, *runcStub, *scriptD
 	return s, inner, drv
 }
 
+// TestGPUCheckpointRefusesMIG: a container on a GPU in MIG mode is refused before anything is
+// thawed or locked, naming the GPU (issue 21: the driver would fail the checkpoint with an
+// out-of-memory error that names nothing).
+func TestGPUCheckpointRefusesMIG(t *testing.T) {
+	s, inner, drv := gpuFixture(t, task.Status_PAUSED)
+	s.deps.GPU.(*scriptBackend).devs[0].MIG = true
+	_, err := s.Checkpoint(context.Background(), &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+	if !errors.Is(err, gpu.ErrUnsupported) && (err == nil || !strings.Contains(err.Error(), "MIG mode")) {
+		t.Fatalf("checkpoint on a MIG GPU: %v", err)
+	}
+	if len(drv.calls) != 0 || len(inner.statusLog) != 0 {
+		t.Errorf("driver calls %v, task status changes %v: want none", drv.calls, inner.statusLog)
+	}
+}
+
 func TestGPUCheckpoint(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -278,6 +293,7 @@ func TestPlanGPURestore(t *testing.T) {
 		{"pod granted no GPUs", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"gpus", "0 granted to the pod"}, "", true},
 		{"pod granted two GPUs for one", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0), dev("GPU-b", "H200", 0)}, "", []string{"gpus", "2 granted to the pod"}, "GPU-a,GPU-b", true},
 		{"outside Kubernetes the spec names the source's GPU", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-b", "H200", 0)}, "GPU-b", nil, "GPU-a", false},
+		{"onto a GPU in MIG mode (issue 21)", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{{UUID: "GPU-a", Name: "H200", MemoryTotal: 1 << 30, MIG: true}}, "", []string{"GPU-a", "MIG mode", "does not support"}, "", false},
 		{"pod granted a GPU the node lacks", gpu.Versions{Driver: "580.65.06", DriverMajor: 580, CUDA: "12.8"}, []gpu.Device{dev("GPU-a", "H200", 0)}, "", []string{"GPU-q", "not on this node"}, "GPU-q", true},
 	}
 	for _, tc := range tests {
