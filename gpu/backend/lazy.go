@@ -7,6 +7,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/gpu"
+	"github.com/berth-dev/berth/gpu/nvidia"
 	"github.com/berth-dev/berth/gpu/topology"
 )
 
@@ -53,7 +54,13 @@ func (l *lazy) get() (gpu.Backend, error) {
 func (l *lazy) Driver() gpu.Driver       { return lazyDriver{l} }
 func (l *lazy) Inventory() gpu.Inventory { return lazyInventory{l} }
 
+// ContainerGPUs opens the backend only for a spec that names a GPU (nvidia.NamesGPUs): a CPU-only
+// container checkpoints on a node whose driver cannot be opened (a CUDA node with a broken or
+// missing driver once refused every checkpoint, not only its GPU containers').
 func (l *lazy) ContainerGPUs(spec *specs.Spec) ([]string, error) {
+	if !nvidia.NamesGPUs(spec) {
+		return nil, nil
+	}
 	b, err := l.get()
 	if err != nil {
 		return nil, err

@@ -72,8 +72,14 @@ func TestLazyOpensOnFirstUse(t *testing.T) {
 	if _, err := inv.Devices(); !errors.Is(err, gpu.ErrUnsupported) {
 		t.Fatalf("Devices with the driver missing: %v", err)
 	}
-	if _, err := l.ContainerGPUs(&specs.Spec{}); !errors.Is(err, gpu.ErrUnsupported) {
-		t.Fatalf("ContainerGPUs with the driver missing: %v", err)
+	gpuSpec := &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{{Path: "/dev/nvidia0"}}}}
+	if _, err := l.ContainerGPUs(gpuSpec); !errors.Is(err, gpu.ErrUnsupported) {
+		t.Fatalf("ContainerGPUs of a GPU container with the driver missing: %v", err)
+	}
+	// a CPU-only container needs no driver (issue 21: it once failed every checkpoint of a node
+	// configured for CUDA whose driver could not be opened)
+	if u, err := l.ContainerGPUs(&specs.Spec{Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}}); err != nil || u != nil {
+		t.Fatalf("ContainerGPUs of a CPU-only container with the driver missing: %v %v", u, err)
 	}
 	if opens != 3 {
 		t.Fatalf("%d opens for three failed calls, want 3 (a failed open is not kept)", opens)
@@ -91,7 +97,7 @@ func TestLazyOpensOnFirstUse(t *testing.T) {
 	if m, err := inv.ProcessMemory(1); err != nil || m["GPU-a"] != 7 {
 		t.Fatalf("ProcessMemory: %v %v", m, err)
 	}
-	if u, err := l.ContainerGPUs(&specs.Spec{}); err != nil || len(u) != 1 {
+	if u, err := l.ContainerGPUs(gpuSpec); err != nil || len(u) != 1 {
 		t.Fatalf("ContainerGPUs: %v %v", u, err)
 	}
 	if opens != 4 {

@@ -65,6 +65,32 @@ func ContainerGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 	return deviceGPUs(spec, devs)
 }
 
+// NamesGPUs reports whether spec gives the container any GPU by this convention, without
+// knowing the node's GPUs: NVIDIA_VISIBLE_DEVICES names one ("all", a UUID or an index: not
+// "void", "none" or empty), or linux.devices has a /dev/nvidia<minor> node. A container for
+// which it is false needs no GPU driver, so that a node whose driver cannot be opened still
+// checkpoints its CPU-only containers.
+func NamesGPUs(spec *specs.Spec) bool {
+	if spec == nil {
+		return false
+	}
+	if spec.Process != nil {
+		for _, e := range spec.Process.Env {
+			if v, ok := strings.CutPrefix(e, EnvVisibleDevices+"="); ok && v != "" && v != "none" && v != "void" {
+				return true
+			}
+		}
+	}
+	if spec.Linux != nil {
+		for _, d := range spec.Linux.Devices {
+			if isGPUNode(d.Path) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // deviceGPUs returns the GPUs of spec's /dev/nvidia<minor> device nodes, in spec order.
 func deviceGPUs(spec *specs.Spec, devs []gpu.Device) ([]string, error) {
 	if spec.Linux == nil {

@@ -78,3 +78,24 @@ func TestAdaptSpec(t *testing.T) {
 		t.Errorf("missing GPU: %v", err)
 	}
 }
+
+// TestNamesGPUs: whether a spec gives GPUs, without the node's inventory.
+func TestNamesGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		want bool
+	}{
+		{"nil", nil, false},
+		{"no GPU", &specs.Spec{Process: &specs.Process{Env: []string{"A=1"}}}, false},
+		{"void", &specs.Spec{Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}}, false},
+		{"uuid", &specs.Spec{Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-a"}}}, true},
+		{"all", &specs.Spec{Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}}, true},
+		{"control node only", &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{{Path: "/dev/nvidiactl"}}}}, false},
+		{"CDI", &specs.Spec{Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}, Linux: &specs.Linux{Devices: []specs.LinuxDevice{{Path: "/dev/nvidia3"}}}}, true},
+	} {
+		if got := NamesGPUs(tc.spec); got != tc.want {
+			t.Errorf("%s: NamesGPUs = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
