@@ -443,7 +443,13 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) (dev
 // gpu-unlock in ph. Identity pairs are passed to the driver as nil (no remapping needed). Each
 // process's restore is bounded by gpu_restore_timeout_ms (restoreBounded). It stops at the first
 // failure; the error names the PID and step.
-func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, ph *checkpoint.Phases) error {
+//
+// recorded are the container PIDs (checkpoint.GPUState.NSPIDs) of the processes the checkpoint
+// recorded as CUDA processes: each must be a process of the restored task (matched by its PID
+// in the container) that the driver reports CHECKPOINTED, else the restore fails naming it,
+// rather than leave it locked without its device memory. nil (a checkpoint that recorded none)
+// restores whatever the driver reports CHECKPOINTED.
+func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, recorded []int, ph *checkpoint.Phases) error {
 	drv := s.deps.GPU.Driver()
 	remap := pairs
 	identity := true
@@ -458,9 +464,22 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 		return errgrpc.ToNative(err)
 	}
 	var todo []int
+	byNS := map[int]int{} // PID in the container -> host PID
 	for _, p := range pids.Processes {
-		if st, err := drv.State(int(p.Pid)); err == nil && st == gpu.StateCheckpointed {
-			todo = append(todo, int(p.Pid))
+		host := int(p.Pid)
+		byNS[nsPID(host)] = host
+		if st, err := drv.State(host); err == nil && st == gpu.StateCheckpointed {
+			todo = append(todo, host)
+		}
+	}
+	for _, ns := range recorded {
+		host, ok := byNS[ns]
+		if !ok {
+			return fmt.Errorf("CUDA process %d (its PID in the container) that the checkpoint recorded is not a process of the restored task: %w", ns, gpu.ErrIllegalState)
+		}
+		if st, err := drv.State(host); err != nil || st != gpu.StateCheckpointed {
+			return fmt.Errorf("CUDA process %d (pid %d here) that the checkpoint recorded is %s on this node, not checkpointed (%v): its device memory cannot be restored: %w",
+				ns, host, st, err, gpu.ErrIllegalState)
 		}
 	}
 	if err := ph.Time("gpu-restore", func() error {

@@ -39,7 +39,7 @@ func TestRestoreGPUsTimeout(t *testing.T) {
 	s.cfg.GPURestoreTimeoutMs = 50
 	_ = inner
 	start := time.Now()
-	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-x", New: "GPU-a"}}, checkpoint.NewPhases(time.Now))
+	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-x", New: "GPU-a"}}, nil, checkpoint.NewPhases(time.Now))
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("restoreGPUs took %v with a 50ms bound", took)
 	}
@@ -66,12 +66,43 @@ func TestRestoreGPUsOutOfMemory(t *testing.T) {
 	hd := hangDriver{scriptDriver: drv, release: make(chan struct{})}
 	close(hd.release)
 	s.deps.GPU = hangBackend{scriptBackend: s.deps.GPU.(*scriptBackend), drv: hd}
-	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, checkpoint.NewPhases(time.Now))
+	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, nil, checkpoint.NewPhases(time.Now))
 	if !errors.Is(err, gpu.ErrOutOfMemory) || !strings.Contains(err.Error(), "GPU restore of pid 101") {
 		t.Fatalf("error %v, want the pid and gpu.ErrOutOfMemory", err)
 	}
 	if c := errorClass(err); c.Error() != "resource exhausted" {
 		t.Errorf("class %v, want resource exhausted", c)
+	}
+}
+
+// TestRestoreGPUsRecordedProcess (issue 21): a CUDA process the checkpoint recorded that the
+// driver does not report CHECKPOINTED after the CRIU restore, or that the restored task lacks,
+// fails the restore naming it; once it was skipped, left locked without its device memory.
+func TestRestoreGPUsRecordedProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		recorded []int
+		want     string
+	}{
+		{"running, not checkpointed", []int{101, 102}, "CUDA process 102"},
+		{"not a process of the task", []int{101, 103}, "CUDA process 103 (its PID in the container)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, drv := gpuFixture(t, task.Status_RUNNING)
+			drv.state[101] = gpu.StateCheckpointed // 102 stays RUNNING
+			err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, tc.recorded, checkpoint.NewPhases(time.Now))
+			if !errors.Is(err, gpu.ErrIllegalState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want gpu.ErrIllegalState naming %q", err, tc.want)
+			}
+			if len(drv.calls) != 0 {
+				t.Errorf("driver calls %v before the check", drv.calls)
+			}
+		})
+	}
+	s, _, drv := gpuFixture(t, task.Status_RUNNING)
+	drv.state[101], drv.state[102] = gpu.StateCheckpointed, gpu.StateCheckpointed
+	if err := s.restoreGPUs(context.Background(), "c", nil, []int{101, 102}, checkpoint.NewPhases(time.Now)); err != nil {
+		t.Fatalf("every recorded process checkpointed: %v", err)
 	}
 }
 

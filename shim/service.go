@@ -465,7 +465,11 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 	}
 	var gpuErr error
 	if t.plan != nil && len(t.plan.gpuPairs) > 0 {
-		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, ph)
+		var recorded []int
+		if m := t.plan.manifest; m != nil && m.GPU != nil {
+			recorded = m.GPU.NSPIDs
+		}
+		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, recorded, ph)
 	}
 	report := RestoreReport{Phases: ph.List(), TotalMs: checkpoint.Millis(s.deps.Now().Sub(start))}
 	if t.plan != nil {
