@@ -62,9 +62,11 @@ type Config struct {
 	// GPULockTimeoutMs bounds the CUDA lock of each process at checkpoint, in ms. Default 10000.
 	GPULockTimeoutMs int `toml:"gpu_lock_timeout_ms"`
 	// GPURestoreTimeoutMs bounds the CUDA restore of each process at restore (its device memory
-	// copied back onto the GPU), in ms. The driver can hang a restore onto a GPU without enough
-	// free memory; past the bound the shim kills the task and answers with an error naming the
-	// process and GPUs (the checkpoint is left intact). Default 120000.
+	// copied back onto the GPU), in ms, for a checkpoint with no device memory recorded; each GiB
+	// the checkpoint records on its GPUs adds a second (GPURestoreBound: an H200's 141 GB adds
+	// about 2.2 minutes, at a copy rate far below PCIe's). The driver can hang a restore onto a
+	// GPU without enough free memory; past the bound the shim kills the task and answers with an
+	// error naming the process and GPUs (the checkpoint is left intact). Default 120000.
 	GPURestoreTimeoutMs int `toml:"gpu_restore_timeout_ms"`
 	// AllowedRegistries are the registries ("host[:port]", exactly as in the reference) that
 	// berth.dev/restore-from may name with oci://. Default none: registry references are refused.
@@ -123,6 +125,12 @@ func (c Config) GPULockTimeout() time.Duration {
 // GPURestoreTimeout returns GPURestoreTimeoutMs as a duration.
 func (c Config) GPURestoreTimeout() time.Duration {
 	return time.Duration(c.GPURestoreTimeoutMs) * time.Millisecond
+}
+
+// GPURestoreBound returns the bound of one process's CUDA restore for a checkpoint that records
+// deviceBytes of device memory on its GPUs: GPURestoreTimeout plus a second per GiB.
+func (c Config) GPURestoreBound(deviceBytes uint64) time.Duration {
+	return c.GPURestoreTimeout() + time.Duration(deviceBytes>>30)*time.Second
 }
 
 // DefaultConfig returns the configuration used when no file exists.

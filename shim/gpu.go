@@ -449,7 +449,10 @@ func (s *Service) planGPURestore(spec *specs.Spec, st *checkpoint.GPUState) (dev
 // in the container) that the driver reports CHECKPOINTED, else the restore fails naming it,
 // rather than leave it locked without its device memory. nil (a checkpoint that recorded none)
 // restores whatever the driver reports CHECKPOINTED.
-func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, recorded []int, ph *checkpoint.Phases) error {
+//
+// deviceBytes is the device memory the checkpoint records on its GPUs: each process's restore is
+// bounded by Config.GPURestoreBound of it.
+func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPair, recorded []int, deviceBytes uint64, ph *checkpoint.Phases) error {
 	drv := s.deps.GPU.Driver()
 	remap := pairs
 	identity := true
@@ -482,9 +485,10 @@ func (s *Service) restoreGPUs(ctx context.Context, id string, pairs []gpu.UUIDPa
 				ns, host, st, err, gpu.ErrIllegalState)
 		}
 	}
+	bound := s.cfg.GPURestoreBound(deviceBytes)
 	if err := ph.Time("gpu-restore", func() error {
 		for _, pid := range todo {
-			if err := s.restoreBounded(drv, pid, remap, pairs, s.cfg.GPURestoreTimeout()); err != nil {
+			if err := s.restoreBounded(drv, pid, remap, pairs, bound); err != nil {
 				return err
 			}
 		}

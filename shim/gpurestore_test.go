@@ -39,7 +39,7 @@ func TestRestoreGPUsTimeout(t *testing.T) {
 	s.cfg.GPURestoreTimeoutMs = 50
 	_ = inner
 	start := time.Now()
-	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-x", New: "GPU-a"}}, nil, checkpoint.NewPhases(time.Now))
+	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-x", New: "GPU-a"}}, nil, 0, checkpoint.NewPhases(time.Now))
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("restoreGPUs took %v with a 50ms bound", took)
 	}
@@ -66,7 +66,7 @@ func TestRestoreGPUsOutOfMemory(t *testing.T) {
 	hd := hangDriver{scriptDriver: drv, release: make(chan struct{})}
 	close(hd.release)
 	s.deps.GPU = hangBackend{scriptBackend: s.deps.GPU.(*scriptBackend), drv: hd}
-	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, nil, checkpoint.NewPhases(time.Now))
+	err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, nil, 0, checkpoint.NewPhases(time.Now))
 	if !errors.Is(err, gpu.ErrOutOfMemory) || !strings.Contains(err.Error(), "GPU restore of pid 101") {
 		t.Fatalf("error %v, want the pid and gpu.ErrOutOfMemory", err)
 	}
@@ -90,7 +90,7 @@ func TestRestoreGPUsRecordedProcess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _, drv := gpuFixture(t, task.Status_RUNNING)
 			drv.state[101] = gpu.StateCheckpointed // 102 stays RUNNING
-			err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, tc.recorded, checkpoint.NewPhases(time.Now))
+			err := s.restoreGPUs(context.Background(), "c", []gpu.UUIDPair{{Old: "GPU-a", New: "GPU-a"}}, tc.recorded, 0, checkpoint.NewPhases(time.Now))
 			if !errors.Is(err, gpu.ErrIllegalState) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want gpu.ErrIllegalState naming %q", err, tc.want)
 			}
@@ -101,8 +101,19 @@ func TestRestoreGPUsRecordedProcess(t *testing.T) {
 	}
 	s, _, drv := gpuFixture(t, task.Status_RUNNING)
 	drv.state[101], drv.state[102] = gpu.StateCheckpointed, gpu.StateCheckpointed
-	if err := s.restoreGPUs(context.Background(), "c", nil, []int{101, 102}, checkpoint.NewPhases(time.Now)); err != nil {
+	if err := s.restoreGPUs(context.Background(), "c", nil, []int{101, 102}, 0, checkpoint.NewPhases(time.Now)); err != nil {
 		t.Fatalf("every recorded process checkpointed: %v", err)
+	}
+}
+
+// TestGPURestoreBound: the bound grows a second per GiB of recorded device memory.
+func TestGPURestoreBound(t *testing.T) {
+	c := DefaultConfig()
+	if got := c.GPURestoreBound(0); got != 2*time.Minute {
+		t.Errorf("no device memory: %v", got)
+	}
+	if got := c.GPURestoreBound(141 << 30); got != 2*time.Minute+141*time.Second {
+		t.Errorf("an H200's 141 GiB: %v", got)
 	}
 }
 

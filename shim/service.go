@@ -466,10 +466,14 @@ func (s *Service) startRestored(ctx context.Context, r *taskAPI.StartRequest, t 
 	var gpuErr error
 	if t.plan != nil && len(t.plan.gpuPairs) > 0 {
 		var recorded []int
+		var deviceBytes uint64
 		if m := t.plan.manifest; m != nil && m.GPU != nil {
 			recorded = m.GPU.NSPIDs
+			for _, d := range m.GPU.Devices {
+				deviceBytes += d.MemoryUsed
+			}
 		}
-		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, recorded, ph)
+		gpuErr = s.restoreGPUs(ctx, r.ID, t.plan.gpuPairs, recorded, deviceBytes, ph)
 	}
 	report := RestoreReport{Phases: ph.List(), TotalMs: checkpoint.Millis(s.deps.Now().Sub(start))}
 	if t.plan != nil {
