@@ -79,8 +79,10 @@ type Config struct {
 	RegistryConfig string `toml:"registry_config"`
 	// TrustConfig is the trust policy (keys signing_key, trusted_keys, allow_unsigned): the key
 	// this node signs its checkpoints with, the public keys whose checkpoints it restores
-	// (optionally per Kubernetes namespace), and the opt-out for single-node labs. Default: no
-	// signing key, no trusted key, unsigned checkpoints refused.
+	// (optionally per Kubernetes namespace), and the opt-out for single-node labs. Default:
+	// signature.DefaultSigningKey, generated on first use (the node trusts its own key, so its
+	// own checkpoints restore on it with no configuration), no other trusted key, unsigned
+	// checkpoints refused.
 	signature.TrustConfig
 }
 
@@ -144,6 +146,7 @@ func DefaultConfig() Config {
 		GPU:                 "none",
 		GPULockTimeoutMs:    10000,
 		GPURestoreTimeoutMs: 120000,
+		TrustConfig:         signature.TrustConfig{SigningKey: signature.DefaultSigningKey},
 	}
 }
 

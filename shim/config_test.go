@@ -3,11 +3,13 @@ package shim_test
 import (
 	"bufio"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/berth-dev/berth/oci/signature"
 	"github.com/berth-dev/berth/shim"
 )
 
@@ -97,4 +99,35 @@ func documentedKeys(t *testing.T, path string) map[string]bool {
 		t.Fatal(err)
 	}
 	return keys
+}
+
+// TestRealDepsGeneratesNodeKey (issue 20): a node whose signing key does not exist yet makes one
+// (0600, its public key beside it) and trusts it, so that its own checkpoints restore on it with
+// no configuration; an existing key is kept.
+func TestRealDepsGeneratesNodeKey(t *testing.T) {
+	cfg := shim.DefaultConfig()
+	if cfg.SigningKey != signature.DefaultSigningKey {
+		t.Fatalf("default signing_key %q, want %q", cfg.SigningKey, signature.DefaultSigningKey)
+	}
+	cfg.SigningKey = filepath.Join(t.TempDir(), "berth", "node.key")
+	deps, err := shim.RealDeps(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deps.Trust.Signer == nil {
+		t.Fatal("no signer")
+	}
+	if fi, err := os.Stat(cfg.SigningKey); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("generated key: %v %v", fi, err)
+	}
+	if _, err := os.Stat(signature.PublicKeyPath(cfg.SigningKey)); err != nil {
+		t.Errorf("public key: %v", err)
+	}
+	if !deps.Trust.TrustedFor(deps.Trust.Signer.ID, "") || !deps.Trust.TrustedFor(deps.Trust.Signer.ID, "team-a") {
+		t.Error("the node does not trust its own key")
+	}
+	again, err := shim.RealDeps(cfg)
+	if err != nil || again.Trust.Signer.ID != deps.Trust.Signer.ID {
+		t.Errorf("a second shim: %v, key %v", err, again.Trust.Signer)
+	}
 }

@@ -67,8 +67,16 @@ func Register(configPath string) {
 // container that never checkpoints or restores one does not carry it; the inventory is NVML read
 // by a `berth-shim-helper gpu-inventory` process, started by that call too and kept until the
 // shim's GPU calls have been idle for helper.InventoryIdle: helper.Inventory), the trust policy cfg's trust keys name (signature.LoadPolicy: an error
-// names the key file), and the wall clock.
+// names the key file; a signing key that does not exist yet is generated, signature.EnsureKey),
+// and the wall clock.
 func RealDeps(cfg Config) (Deps, error) {
+	if cfg.SigningKey != "" {
+		// a node that has no key yet makes one, which it trusts: its own checkpoints restore on
+		// it with no configuration (containerd's own checkpoint and restore through ctr)
+		if _, err := signature.EnsureKey(cfg.SigningKey); err != nil {
+			return Deps{}, fmt.Errorf("shim config %s: signing_key: %w", cfg.Path, err)
+		}
+	}
 	policy, err := signature.LoadPolicy(cfg.TrustConfig)
 	if err != nil {
 		return Deps{}, fmt.Errorf("shim config %s: %w", cfg.Path, err)

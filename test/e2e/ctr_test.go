@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -149,5 +150,56 @@ func ctrImport(t *testing.T, ctx context.Context, n *node.Node, tar string) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCtrSameNodeGeneratedKey (issue 20): a node whose signing key does not exist yet (a fresh
+// node, no key set up) has its shim generate one, which it trusts: `ctr containers checkpoint`
+// and `ctr containers restore` on that node work with no configuration (once refused: "checkpoint
+// is not signed"), and the key is the node's own, 0600, its public key beside it.
+func TestCtrSameNodeGeneratedKey(t *testing.T) {
+	c := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n := c.Nodes[0]
+	const id, rid, ref = "ctr-key", "ctr-key-restored", "localhost/berth/ckpt/ctr-key:1"
+	ns := []string{"-n", node.Namespace}
+	// the node's configured key, put back afterwards: the other tests' nodes trust it
+	origKey, err := os.ReadFile(n.SigningKey)
+	fltNoErr(t, err)
+	origPub, err := os.ReadFile(n.PublicKey)
+	fltNoErr(t, err)
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = n.Remove(bg, id)
+		_ = n.Remove(bg, rid)
+		_, _ = n.Ctr(bg, append(ns, "images", "rm", ref)...)
+		_ = os.WriteFile(n.SigningKey, origKey, 0o600)
+		_ = os.WriteFile(n.PublicKey, origPub, 0o644)
+	})
+	fltNoErr(t, os.Remove(n.SigningKey))
+	fltNoErr(t, os.Remove(n.PublicKey))
+
+	w := fltStart(t, ctx, n, id) // a new shim: it finds no key and makes one
+	gen, err := os.Stat(n.SigningKey)
+	if err != nil || gen.Mode().Perm() != 0o600 {
+		t.Fatalf("the shim did not generate the node's key: %v %v", gen, err)
+	}
+	if b, _ := os.ReadFile(n.SigningKey); bytes.Equal(b, origKey) {
+		t.Fatal("the old key is still there")
+	}
+	if _, err := os.Stat(n.PublicKey); err != nil {
+		t.Errorf("no public key beside the generated one: %v", err)
+	}
+	if out, err := n.Ctr(ctx, append(ns, "containers", "checkpoint", "--task", "--rw", "--image", id, ref)...); err != nil {
+		t.Fatalf("ctr containers checkpoint: %v %s", err, out)
+	}
+	w.requireServing(t, ctx)
+	fltNoErr(t, n.Remove(ctx, id))
+	if out, err := n.Ctr(ctx, append(ns, "containers", "restore", "--live", "--rw", rid, ref)...); err != nil {
+		t.Fatalf("ctr containers restore on the node that took it, with the key it generated: %v %s", err, out)
+	}
+	if _, st, err := n.TaskPID(ctx, rid); err != nil || st != containerd.Running {
+		t.Fatalf("restored task: %q %v", st, err)
 	}
 }

@@ -158,6 +158,13 @@ func (t *trustFlags) policy(g *Globals) (*signature.Policy, error) {
 		tc.TrustedKeys = append(tc.TrustedKeys, signature.TrustedKey{Path: abs})
 	}
 	tc.AllowUnsigned = tc.AllowUnsigned || t.allowUnsigned
+	if tc.SigningKey != "" && t.signingKey == "" {
+		// the node's key, made on first use as the shim makes it (a fresh node signs with a
+		// key it generated and trusts itself); a --signing-key must exist
+		if _, err := signature.EnsureKey(tc.SigningKey); err != nil {
+			return nil, fmt.Errorf("trust policy (--config %s): signing_key: %w", g.Config, err)
+		}
+	}
 	p, err := signature.LoadPolicy(tc)
 	if err != nil {
 		return nil, fmt.Errorf("trust policy (--config %s and the trust flags): %w", g.Config, err)
