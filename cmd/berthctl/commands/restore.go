@@ -36,7 +36,7 @@ func Restore(g *Globals) *cobra.Command {
 		output            *format
 	)
 	cmd := &cobra.Command{
-		Use:   "restore [-a SOCKET] [-n NS] --id ID [--root DIR] [-o text|json] CHECKPOINT",
+		Use:   "restore [-a SOCKET] [-n NS] --id ID [--root DIR] [--mount type=bind,src=P,dst=P]... [-o text|json] CHECKPOINT",
 		Short: "Restore a received checkpoint (a name in the checkpoint root) as a new container with the berth runtime",
 		Long: `restore creates a container of the berth runtime that berth's shim restores from CHECKPOINT.
 Its spec is this node's, never the checkpoint's: containerd's default spec for the checkpoint's
