@@ -61,24 +61,33 @@ var imgMagic = magic.LoadMagic()
 // exited processes that run no code) are left out.
 //
 // A thread whose image lacks no_new_privs or cap_amb (a CRIU that did not record them) reads
-// as without them; one without a per-thread seccomp mode takes its process's (older CRIU kept
-// one per process, task_core.old_seccomp_mode). A thread recorded without seccomp whose main
-// thread's filter chain (seccomp.img) carries SECCOMP_FILTER_FLAG_TSYNC reads as filtered: CRIU
-// stores a chain shared by every thread on the main thread only, and the restore installs it on
-// all of them. A creds field this reader does not know is an error.
+// as without them. Each thread's seccomp mode is the one CRIU's restore gives it (seccompOf),
+// not the one its image seems to state: the main thread's task core's old_seccomp_mode wins
+// over its thread core's, a missing mode is disabled, and a thread left without seccomp whose
+// process installs a chain with SECCOMP_FILTER_FLAG_TSYNC (CRIU stores a chain shared by every
+// thread on the main thread only) reads as filtered. A creds field this reader does not know is
+// an error.
 //
 // Each file must be a regular file within its size limit (pstree 4 MiB, core 1 MiB) and hold
 // well-formed entries; the tree at most 65536 threads. Errors name the file; a missing file
 // matches fs.ErrNotExist, a malformed one ErrBadImage.
 func ReadProcesses(imagesDir string) ([]privilege.Process, error) {
-	return readProcesses(func(name string, limit int64) ([]byte, error) {
+	threads, err := readProcesses(func(name string, limit int64) ([]byte, error) {
 		return readImageFile(filepath.Join(imagesDir, name), limit)
 	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]privilege.Process, len(threads))
+	for i, t := range threads {
+		out[i] = t.Process
+	}
+	return out, nil
 }
 
 // readProcesses is ReadProcesses over read, which returns the bytes of image file name (at
 // most limit of them) or an error naming it.
-func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privilege.Process, error) {
+func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]thread, error) {
 	b, err := read(pstreeImage, maxPstreeImage)
 	if err != nil {
 		return nil, fmt.Errorf("criu: read processes: %w", err)
@@ -119,24 +128,25 @@ func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privi
 	if err != nil {
 		return nil, fmt.Errorf("criu: read processes: %w", err)
 	}
-	var out []privilege.Process
+	var out []thread
 	for _, proc := range procs {
 		var leader *criucore.CoreEntry
-		first := len(out)
+		var cores []*criucore.CoreEntry
+		var ps []privilege.Process
 		for _, tid := range proc.threads {
 			name := fmt.Sprintf("core-%d.img", tid)
 			b, err := read(name, maxCoreImage)
 			if err != nil {
 				return nil, fmt.Errorf("criu: read processes: %w", err)
 			}
-			cores, err := decodeImage(name, b, coreMagic, 1, &criucore.CoreEntry{})
+			entries, err := decodeImage(name, b, coreMagic, 1, &criucore.CoreEntry{})
 			if err != nil {
 				return nil, fmt.Errorf("criu: read processes: %w", err)
 			}
-			if len(cores) != 1 {
-				return nil, fmt.Errorf("criu: read processes: %s: %w: %d entries, want 1", name, ErrBadImage, len(cores))
+			if len(entries) != 1 {
+				return nil, fmt.Errorf("criu: read processes: %s: %w: %d entries, want 1", name, ErrBadImage, len(entries))
 			}
-			core := cores[0].(*criucore.CoreEntry)
+			core := entries[0].(*criucore.CoreEntry)
 			if tid == proc.pid {
 				leader = core
 				if core.GetTc() == nil {
@@ -150,22 +160,118 @@ func readProcesses(read func(name string, limit int64) ([]byte, error)) ([]privi
 			if err != nil {
 				return nil, fmt.Errorf("criu: read processes: %w", err)
 			}
-			out = append(out, p)
+			ps = append(ps, p)
+			cores = append(cores, core)
 		}
-		// When every thread shares the main thread's filter chain, CRIU keeps the chain on the
-		// main thread only, with SECCOMP_FILTER_FLAG_TSYNC, and records the other threads as
-		// without seccomp (criu/seccomp.c, try_use_tsync): on restore the main thread installs it
-		// for all of them. Those threads hold the filter, so they are read as holding it.
-		if leader != nil && privilege.SeccompMode(leader.GetThreadCore().GetSeccompMode()) == privilege.SeccompFilter &&
-			tsynced(filters, leader.GetThreadCore()) {
-			for i := first; i < len(out); i++ {
-				if out[i].TID != int(proc.pid) && out[i].Seccomp == privilege.SeccompDisabled {
-					out[i].Seccomp = privilege.SeccompFilter
-				}
+		if len(ps) == 0 {
+			continue
+		}
+		sc, err := seccompOf(proc.pid, cores, filters)
+		if err != nil {
+			return nil, fmt.Errorf("criu: read processes: %w", err)
+		}
+		for i := range ps {
+			ps[i].Seccomp = sc[i].mode
+			out = append(out, thread{Process: ps[i], chain: sc[i].chain})
+		}
+	}
+	return out, nil
+}
+
+// thread is one thread's credentials and, in filter mode, its seccomp filter chain (indexes
+// into seccomp.img's filters, oldest first).
+type thread struct {
+	privilege.Process
+	chain []uint32
+}
+
+// threadSeccomp is a thread's seccomp mode and filter chain as CRIU's restore sets them.
+type threadSeccomp struct {
+	mode  privilege.SeccompMode
+	chain []uint32 // oldest first; nil unless mode is filter
+}
+
+// seccompOf returns the seccomp mode and filter chain CRIU's restore gives each thread of process
+// pid (cores: its threads' core images, main thread first), exactly as CRIU 4.x decides them
+// (cr-restore.c check_core, seccomp.c seccomp_prepare_threads, pie/restorer.c
+// restore_seccomp_filter), not as the images appear to say:
+//   - a thread's mode is its thread core's seccomp_mode, disabled when absent; the main thread's
+//     is replaced by its task core's old_seccomp_mode when that is present (images of CRIU
+//     before per-thread seccomp), and its filter by old_seccomp_filter, which also makes every
+//     filter it installs synchronise the whole process (SECCOMP_FILTER_FLAG_TSYNC);
+//   - a thread in filter mode installs the chain from its seccomp_filter (0 when absent)
+//     through each filter's prev, oldest first;
+//   - a filter installed with SECCOMP_FILTER_FLAG_TSYNC gives its chain to every other thread of
+//     the process: the threads in disabled mode end with it.
+//
+// Errors wrap ErrBadImage: a chain that points outside seccomp.img or loops (CRIU would fail or
+// hang), a filter whose length is not whole instructions.
+func seccompOf(pid uint32, cores []*criucore.CoreEntry, filters []*seccomp.SeccompFilter) ([]threadSeccomp, error) {
+	out := make([]threadSeccomp, len(cores))
+	forceTSync := false
+	var idx []uint32
+	for i, core := range cores {
+		tc := core.GetThreadCore()
+		mode := privilege.SeccompDisabled
+		if tc.SeccompMode != nil {
+			mode = privilege.SeccompMode(tc.GetSeccompMode())
+		}
+		fi := tc.GetSeccompFilter()
+		if i == 0 {
+			if t := core.GetTc(); t.OldSeccompMode != nil {
+				mode = privilege.SeccompMode(t.GetOldSeccompMode())
+			}
+			if t := core.GetTc(); t.OldSeccompFilter != nil {
+				fi, forceTSync = t.GetOldSeccompFilter(), true
+			}
+		}
+		out[i].mode = mode
+		idx = append(idx, fi)
+	}
+	tsyncChain := -1 // the thread whose chain a TSYNC install gives the others
+	for i := range out {
+		if out[i].mode != privilege.SeccompFilter {
+			continue
+		}
+		chain, tsync, err := filterChain(filters, idx[i])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w: process %d, thread %d: %w", seccompImage, ErrBadImage, pid, i, err)
+		}
+		out[i].chain = chain
+		if (tsync || forceTSync) && tsyncChain < 0 {
+			tsyncChain = i
+		}
+	}
+	if tsyncChain >= 0 {
+		for i := range out {
+			if out[i].mode == privilege.SeccompDisabled {
+				out[i] = threadSeccomp{mode: privilege.SeccompFilter, chain: out[tsyncChain].chain}
 			}
 		}
 	}
 	return out, nil
+}
+
+// filterChain returns the chain of filters ending at index last (oldest first), following prev,
+// and whether any of them carries SECCOMP_FILTER_FLAG_TSYNC.
+func filterChain(filters []*seccomp.SeccompFilter, last uint32) (chain []uint32, tsync bool, _ error) {
+	i := last
+	for range len(filters) + 1 {
+		if int(i) >= len(filters) {
+			return nil, false, fmt.Errorf("filter %d of %d", i, len(filters))
+		}
+		f := filters[i]
+		if len(f.GetFilter())%8 != 0 {
+			return nil, false, fmt.Errorf("filter %d is %d bytes, not whole instructions", i, len(f.GetFilter()))
+		}
+		chain = append([]uint32{i}, chain...)
+		tsync = tsync || f.GetFlags()&seccompTSync != 0
+		if f.Prev == nil {
+			return chain, tsync, nil
+		}
+		i = f.GetPrev()
+	}
+	return nil, false, fmt.Errorf("the chain from filter %d loops", last)
 }
 
 // readSeccompFilters returns the filters of seccomp.img (none when CRIU wrote no such file: no
@@ -188,30 +294,6 @@ func readSeccompFilters(read func(name string, limit int64) ([]byte, error)) ([]
 	return entries[0].(*seccomp.SeccompEntry).GetSeccompFilters(), nil
 }
 
-// tsynced reports whether a filter of tc's chain in filters (seccomp_filter indexes its last,
-// each prev the one before) carries SECCOMP_FILTER_FLAG_TSYNC. A chain that points outside
-// filters or loops is not.
-func tsynced(filters []*seccomp.SeccompFilter, tc *criucore.ThreadCoreEntry) bool {
-	if tc.SeccompFilter == nil {
-		return false
-	}
-	i := tc.GetSeccompFilter()
-	for range len(filters) {
-		if int(i) >= len(filters) {
-			return false
-		}
-		f := filters[i]
-		if f.GetFlags()&seccompTSync != 0 {
-			return true
-		}
-		if f.Prev == nil {
-			return false
-		}
-		i = f.GetPrev()
-	}
-	return false
-}
-
 // fromCore returns the credentials of thread tid of process pid from its core entry (and
 // its process's main thread's, for the name and a per-process seccomp mode).
 func fromCore(name string, pid, tid int, core, leader *criucore.CoreEntry) (privilege.Process, error) {
@@ -227,13 +309,9 @@ func fromCore(name string, pid, tid int, core, leader *criucore.CoreEntry) (priv
 		Groups:     slices.Clone(c.GetGroups()),
 		Securebits: c.GetSecbits(),
 		LSMProfile: c.GetLsmProfile(),
-		Seccomp:    privilege.SeccompMode(tc.GetSeccompMode()),
 	}
 	if p.Comm == "" {
 		p.Comm = leader.GetTc().GetComm()
-	}
-	if tc.SeccompMode == nil {
-		p.Seccomp = privilege.SeccompMode(leader.GetTc().GetOldSeccompMode())
 	}
 	var err error
 	for _, s := range []struct {

@@ -27,6 +27,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -120,7 +121,10 @@ func grantExactly(p privilege.Process) *specs.Spec {
 // TestReadProcessesLive -update-images, with want.json taken from /proc before the dump:
 //   - root: `sleep` as root with every capability this machine has;
 //   - reduced: the credsHelper under setpriv (no_new_privs, a few capabilities, an ambient
-//     one, SECBIT_NO_SETUID_FIXUP, groups 10 and 20), one thread with fsuid 1234 and a filter.
+//     one, SECBIT_NO_SETUID_FIXUP, groups 10 and 20), one thread with fsuid 1234 and a filter;
+//     its seccomp.img was written by hand (one allow-all filter, what that thread loaded) when
+//     the reader began to refuse a filter-mode thread without its filter, an image CRIU cannot
+//     restore: the update then kept only pstree.img and the cores (it keeps seccomp.img now).
 func TestReadProcessesFixtures(t *testing.T) {
 	for _, tc := range []struct {
 		dir string
@@ -260,6 +264,7 @@ func TestReadProcessesSynthetic(t *testing.T) {
 			e.Tc.OldSeccompMode = criucore.SeccompMode_filter.Enum()
 			return e
 		}()),
+		"seccomp.img": img(t, "SECCOMP", &seccomp.SeccompEntry{SeccompFilters: []*seccomp.SeccompFilter{{Filter: allowAll}}}),
 	}
 	dir := t.TempDir()
 	for name, b := range files {
@@ -577,7 +582,8 @@ func TestReadProcessesLive(t *testing.T) {
 	}
 }
 
-// storeFixture copies pstree.img and core-*.img from dir into fixture, with want.json.
+// storeFixture copies pstree.img, core-*.img and seccomp.img (when there is one) from dir into
+// fixture, with want.json.
 func storeFixture(t *testing.T, dir, fixture string, want []privilege.Process) {
 	t.Helper()
 	if err := os.RemoveAll(fixture); err != nil {
@@ -589,6 +595,9 @@ func storeFixture(t *testing.T, dir, fixture string, want []privilege.Process) {
 	names, err := filepath.Glob(filepath.Join(dir, "core-*.img"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, seccompImage)); err == nil {
+		names = append(names, filepath.Join(dir, seccompImage))
 	}
 	for _, src := range append(names, filepath.Join(dir, pstreeImage)) {
 		b, err := os.ReadFile(src)
@@ -699,12 +708,99 @@ func TestCredsTail(t *testing.T) {
 	}
 }
 
+// allowAll is the one-instruction filter RET ALLOW; strictish one that returns ERRNO(1).
+var (
+	allowAll = []byte{0x06, 0, 0, 0, 0, 0, 0xff, 0x7f}
+	denyAll  = []byte{0x06, 0, 0, 0, 1, 0, 0x05, 0x00}
+)
+
+// TestSeccompAsCRIURestoresIt (issue 19 review): what the reader says each thread runs is what
+// CRIU's restore installs, not what the image appears to state: the main thread's
+// old_seccomp_mode and old_seccomp_filter win over its thread core's fields, a filter-mode
+// thread without a filter index gets filter 0, and a chain installed with TSYNC reaches the
+// threads left without seccomp. Each case was a forged image whose processes' checks passed
+// while CRIU restored RET ALLOW, or no seccomp at all.
+func TestSeccompAsCRIURestoresIt(t *testing.T) {
+	filters := &seccomp.SeccompEntry{SeccompFilters: []*seccomp.SeccompFilter{{Filter: allowAll}, {Filter: denyAll}}}
+	filterMode := criucore.SeccompMode_filter.Enum()
+	tests := []struct {
+		name      string
+		main, thr func(e *criucore.CoreEntry)
+		wantModes []privilege.SeccompMode
+		wantChain [][]byte // the first filter of each filtered thread's chain
+	}{
+		{name: "old_seccomp_mode disabled beside a filter mode",
+			main: func(e *criucore.CoreEntry) {
+				e.ThreadCore.SeccompMode, e.ThreadCore.SeccompFilter = filterMode, proto.Uint32(1)
+				e.Tc.OldSeccompMode = criucore.SeccompMode_disabled.Enum()
+			},
+			wantModes: []privilege.SeccompMode{privilege.SeccompDisabled, privilege.SeccompDisabled}},
+		{name: "old_seccomp_filter beside the thread's filter",
+			main: func(e *criucore.CoreEntry) {
+				e.ThreadCore.SeccompMode, e.ThreadCore.SeccompFilter = filterMode, proto.Uint32(1)
+				e.Tc.OldSeccompFilter = proto.Uint32(0)
+			},
+			// the old filter, installed with TSYNC: both threads run RET ALLOW
+			wantModes: []privilege.SeccompMode{privilege.SeccompFilter, privilege.SeccompFilter},
+			wantChain: [][]byte{allowAll, allowAll}},
+		{name: "a filter-mode thread without a filter index",
+			main: func(e *criucore.CoreEntry) {
+				e.ThreadCore.SeccompMode, e.ThreadCore.SeccompFilter = filterMode, proto.Uint32(1)
+			},
+			thr:       func(e *criucore.CoreEntry) { e.ThreadCore.SeccompMode = filterMode },
+			wantModes: []privilege.SeccompMode{privilege.SeccompFilter, privilege.SeccompFilter},
+			wantChain: [][]byte{denyAll, allowAll}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := core("main", true, 1, credsOf(0, 0, nil))
+			th := core("", false, 1, credsOf(0, 0, nil))
+			tc.main(m)
+			if tc.thr != nil {
+				tc.thr(th)
+			}
+			dir := t.TempDir()
+			for name, b := range map[string][]byte{
+				"pstree.img": img(t, "PSTREE", tree(ps(1, 1, 2))...), "core-1.img": img(t, "CORE", m),
+				"core-2.img": img(t, "CORE", th), "seccomp.img": img(t, "SECCOMP", filters),
+			} {
+				if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ps, err := ReadProcesses(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var modes []privilege.SeccompMode
+			for _, p := range ps {
+				modes = append(modes, p.Seccomp)
+			}
+			if !slices.Equal(modes, tc.wantModes) {
+				t.Errorf("modes %v, want %v", modes, tc.wantModes)
+			}
+			chains, err := ReadSeccompChains(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(chains) != len(tc.wantChain) {
+				t.Fatalf("%d chains, want %d", len(chains), len(tc.wantChain))
+			}
+			for i, c := range chains {
+				if !slices.Equal(c.Filters[0], tc.wantChain[i]) {
+					t.Errorf("thread %d: first filter %x, want %x", c.TID, c.Filters[0], tc.wantChain[i])
+				}
+			}
+		})
+	}
+}
+
 // TestReadSeccompChains: the filter chains of the seccomp-tsync and seccomp-mixed dumps (see
 // TestReadProcessesSeccompTSync): every filtered thread has one filter, the allow-all program
 // (one instruction, RET ALLOW); a thread that shares its main thread's synchronised chain gets
 // that chain; the thread started before the filter has none and is not listed.
 func TestReadSeccompChains(t *testing.T) {
-	allow := []byte{0x06, 0, 0, 0, 0, 0, 0xff, 0x7f}
+	allow := allowAll
 	for _, tc := range []struct {
 		dir     string
 		threads int

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
-
 	"github.com/berth-dev/berth/oci/privilege"
 )
 
@@ -19,18 +17,20 @@ type SeccompChain struct {
 	// Filters are the chain's filters, oldest (installed first) first: each a struct
 	// sock_filter array in this machine's byte order (seccompbpf.Parse).
 	Filters [][]byte
+	// Flags are each filter's SECCOMP_FILTER_FLAG_* bits, as CRIU installs it.
+	Flags []uint32
 }
 
 // ReadSeccompChains returns the filter chain of every thread of the CRIU images directory that
-// runs in seccomp filter mode (ReadProcesses's threads whose Seccomp is filter: a thread CRIU
-// recorded without a filter of its own because its main thread's chain is synchronised,
-// SECCOMP_FILTER_FLAG_TSYNC, gets that chain). Errors are ReadProcesses's, and ErrBadImage for a
-// chain that points outside seccomp.img, loops, or is missing.
+// CRIU's restore leaves in seccomp filter mode, as it installs them (seccompOf: the main thread's
+// old_seccomp_mode and old_seccomp_filter win, a missing filter index is 0, a chain installed
+// with SECCOMP_FILTER_FLAG_TSYNC reaches the threads left without one), each filter with the
+// flags CRIU installs it with. Errors are ReadProcesses's.
 func ReadSeccompChains(imagesDir string) ([]SeccompChain, error) {
 	read := func(name string, limit int64) ([]byte, error) {
 		return readImageFile(filepath.Join(imagesDir, name), limit)
 	}
-	procs, err := readProcesses(read)
+	threads, err := readProcesses(read)
 	if err != nil {
 		return nil, err
 	}
@@ -38,55 +38,17 @@ func ReadSeccompChains(imagesDir string) ([]SeccompChain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("criu: read seccomp filters: %w", err)
 	}
-	chainOf := func(tid int) ([][]byte, bool, error) {
-		name := fmt.Sprintf("core-%d.img", tid)
-		b, err := read(name, maxCoreImage)
-		if err != nil {
-			return nil, false, err
-		}
-		cores, err := decodeImage(name, b, coreMagic, 1, &criucore.CoreEntry{})
-		if err != nil || len(cores) != 1 {
-			return nil, false, fmt.Errorf("%s: %w", name, ErrBadImage)
-		}
-		tc := cores[0].(*criucore.CoreEntry).GetThreadCore()
-		if tc.SeccompFilter == nil {
-			return nil, false, nil
-		}
-		var chain [][]byte
-		i := tc.GetSeccompFilter()
-		for range len(filters) + 1 {
-			if int(i) >= len(filters) {
-				return nil, false, fmt.Errorf("%s: %w: thread %d's seccomp filter %d is not in %s (%d filters)", name, ErrBadImage, tid, i, seccompImage, len(filters))
-			}
-			f := filters[i]
-			chain = append([][]byte{f.GetFilter()}, chain...)
-			if f.Prev == nil {
-				return chain, true, nil
-			}
-			i = f.GetPrev()
-		}
-		return nil, false, fmt.Errorf("%s: %w: thread %d's seccomp filters loop", name, ErrBadImage, tid)
-	}
 	var out []SeccompChain
-	leaders := map[int][][]byte{}
-	for _, p := range procs {
-		if p.Seccomp != privilege.SeccompFilter {
+	for _, t := range threads {
+		if t.Seccomp != privilege.SeccompFilter {
 			continue
 		}
-		chain, own, err := chainOf(p.TID)
-		if err != nil {
-			return nil, fmt.Errorf("criu: read seccomp filters: %w", err)
+		c := SeccompChain{PID: t.PID, TID: t.TID, Comm: t.Comm}
+		for _, i := range t.chain {
+			c.Filters = append(c.Filters, filters[i].GetFilter())
+			c.Flags = append(c.Flags, filters[i].GetFlags())
 		}
-		if !own {
-			// a thread that shares its main thread's synchronised chain
-			if chain = leaders[p.PID]; chain == nil {
-				return nil, fmt.Errorf("criu: read seccomp filters: %w: thread %d of process %d runs a filter, but neither it nor its main thread records one", ErrBadImage, p.TID, p.PID)
-			}
-		}
-		if p.TID == p.PID {
-			leaders[p.PID] = chain
-		}
-		out = append(out, SeccompChain{PID: p.PID, TID: p.TID, Comm: p.Comm, Filters: chain})
+		out = append(out, c)
 	}
 	return out, nil
 }

@@ -116,7 +116,11 @@ func check(p Program, pc int, in Inst) error {
 		}
 	case clsALU:
 		switch code & 0xf0 {
-		case aluADD, aluSUB, aluMUL, aluOR, aluAND, aluLSH, aluRSH, aluNEG, aluXOR:
+		case aluLSH, aluRSH:
+			if code&srcX == 0 && in.K >= 32 {
+				return errors.New("a constant shift of 32 or more")
+			}
+		case aluADD, aluSUB, aluMUL, aluOR, aluAND, aluNEG, aluXOR:
 		case aluDIV, aluMOD:
 			if code&srcX == 0 && in.K == 0 {
 				return errors.New("division by the constant 0")
@@ -209,230 +213,370 @@ func NewData(arch, nr uint32) Data {
 	return d
 }
 
-// val is a register or scratch value: known, or derived from the instruction pointer or an
-// argument (unknown).
+// The kinds of a value during evaluation.
+const (
+	known  = iota // a number
+	word          // a 32-bit word of seccomp_data the program loaded (the instruction pointer or an argument half), masked
+	opaque        // derived from such a word by anything but a mask: unknown
+)
+
+// val is a register or scratch value.
 type val struct {
-	known bool
-	v     uint32
+	kind uint8
+	v    uint32 // known: the value
+	w    int    // word: the word's index (offset/4)
+	mask uint32 // word: the mask applied (0xffffffff for none)
 }
 
-// maxSteps bounds the instructions one evaluation with unknown arguments may run, over all its
-// paths.
+// cons is one comparison a path took of a masked word with a constant: (Words[w] & mask) op k
+// was taken (true) or not.
+type cons struct {
+	w     int
+	mask  uint32
+	op    uint16
+	k     uint32
+	taken bool
+}
+
+// String writes the constraint as C ("args[1] & 0x7e020000 != 0").
+func (c cons) String() string {
+	name := fmt.Sprintf("args[%d]", (c.w-offArgs/4)/2)
+	if c.w < offArgs/4 {
+		name = "instruction_pointer"
+	}
+	if (c.w-offArgs/4)%2 == 1 || c.w == 3 {
+		name += ">>32"
+	}
+	if c.mask != 0xffffffff {
+		name += fmt.Sprintf(" & %#x", c.mask)
+	}
+	ops := map[uint16][2]string{jmpJEQ: {"==", "!="}, jmpJGT: {">", "<="}, jmpJGE: {">=", "<"}, jmpJSET: {"has bits of", "has none of"}}[c.op]
+	op := ops[1]
+	if c.taken {
+		op = ops[0]
+	}
+	return fmt.Sprintf("%s %s %#x", name, op, c.k)
+}
+
+// leaf is one path of a program to a return: the action (unknown when it returns A derived
+// from an argument) and the comparisons on arguments it took.
+type leaf struct {
+	act     Action
+	unknown bool
+	cons    []cons
+}
+
+// maxSteps bounds the instructions one exploration may run, over all its paths.
 const maxSteps = 1 << 20
 
-// Outcomes returns every action p can return for system call nr on architecture arch, whatever
-// the instruction pointer and arguments (a path that depends on them is followed both ways),
-// sorted from the most restrictive; RetA of an unknown value counts as ActAllow. Errors wrap
-// ErrTooComplex.
-func (p Program) Outcomes(arch, nr uint32) ([]Action, error) {
+// explore follows every path of p for system call nr on architecture arch whose comparisons on
+// arguments agree with given (a comparison given decides is not forked), and calls visit for
+// each path's return; visit returning false stops it. Errors wrap ErrTooComplex.
+func (p Program) explore(arch, nr uint32, given []cons, visit func(leaf) bool) error {
 	type state struct {
 		pc   int
 		a, x val
 		m    [16]val
+		cons []cons
 	}
-	var out []Action
-	add := func(a Action) {
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	known := NewData(arch, nr)
-	stack := []state{{}}
+	stack := []state{{cons: given}}
 	steps := 0
 	for len(stack) > 0 {
 		s := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
+	path:
 		for {
 			if steps++; steps > maxSteps {
-				return nil, fmt.Errorf("%w: more than %d steps for system call %d, arch %#x", ErrTooComplex, maxSteps, nr, arch)
+				return fmt.Errorf("%w: more than %d steps for system call %d, arch %#x", ErrTooComplex, maxSteps, nr, arch)
 			}
 			in := p[s.pc]
-			next, fork, ret, done := step(in, s.pc, &s.a, &s.x, &s.m, func(off uint32) val {
-				if off < offArgs && off != 8 && off != 12 {
-					return val{true, known.Words[off/4]}
+			code := in.Code
+			switch code & 0x07 {
+			case clsLD, clsLDX:
+				var v val
+				switch code & 0xe0 {
+				case modeIMM:
+					v = val{kind: known, v: in.K}
+				case modeMEM:
+					v = s.m[in.K]
+				case modeLEN:
+					v = val{kind: known, v: dataLen}
+				case modeABS:
+					switch in.K / 4 {
+					case 0:
+						v = val{kind: known, v: nr}
+					case 1:
+						v = val{kind: known, v: arch}
+					default:
+						v = val{kind: word, w: int(in.K / 4), mask: 0xffffffff}
+					}
 				}
-				return val{} // the instruction pointer and the arguments: unknown
-			})
-			if done {
-				if ret.known {
-					add(Action(ret.v))
+				if code&0x07 == clsLD {
+					s.a = v
 				} else {
-					add(ActAllow)
+					s.x = v
 				}
-				break
-			}
-			if fork >= 0 {
+			case clsST:
+				s.m[in.K] = s.a
+			case clsSTX:
+				s.m[in.K] = s.x
+			case clsALU:
+				op := code & 0xf0
+				operand := val{kind: known, v: in.K}
+				if code&srcX != 0 {
+					operand = s.x
+				}
+				if (op == aluDIV || op == aluMOD) && operand.kind != known {
+					// a division by an X that may be 0 ends the program with 0 (KILL_THREAD)
+					if !visit(leaf{act: 0, cons: s.cons}) {
+						return nil
+					}
+					s.a = val{kind: opaque}
+					break
+				}
+				if (op == aluDIV || op == aluMOD) && operand.v == 0 {
+					if !visit(leaf{act: 0, cons: s.cons}) {
+						return nil
+					}
+					break path
+				}
+				s.a = alu(op, s.a, operand)
+			case clsJMP:
+				op := code & 0xf0
+				if op == jmpJA {
+					s.pc += 1 + int(in.K)
+					continue
+				}
+				operand := val{kind: known, v: in.K}
+				if code&srcX != 0 {
+					operand = s.x
+				}
+				t, f := s.pc+1+int(in.Jt), s.pc+1+int(in.Jf)
+				if t == f {
+					s.pc = t
+					continue
+				}
+				taken, decided := decide(s.a, op, operand, s.cons)
+				if decided {
+					if taken {
+						s.pc = t
+					} else {
+						s.pc = f
+					}
+					continue
+				}
 				alt := s
-				alt.pc = fork
+				alt.pc = f
+				s.pc = t
+				if s.a.kind == word && operand.kind == known {
+					c := cons{w: s.a.w, mask: s.a.mask, op: op, k: operand.v}
+					alt.cons = append(slices.Clone(s.cons), c)
+					c.taken = true
+					s.cons = append(slices.Clone(s.cons), c)
+				}
 				stack = append(stack, alt)
+				continue
+			case clsRET:
+				l := leaf{act: Action(in.K), cons: s.cons}
+				if code&0x18 == retA {
+					l.act, l.unknown = Action(s.a.v), s.a.kind != known
+				}
+				if !visit(l) {
+					return nil
+				}
+				break path
+			case clsMISC:
+				if code&0xf8 == miscTAX {
+					s.x = s.a
+				} else {
+					s.a = s.x
+				}
 			}
-			s.pc = next
+			s.pc++
 		}
 	}
-	slices.SortFunc(out, func(a, b Action) int { return int(a.rank()) - int(b.rank()) })
-	return out, nil
+	return nil
 }
 
-// Run returns what p returns for d.
-func (p Program) Run(d Data) Action {
-	var a, x val
-	var m [16]val
-	pc := 0
-	for {
-		next, _, ret, done := step(p[pc], pc, &a, &x, &m, func(off uint32) val { return val{true, d.Words[off/4]} })
-		if done {
-			return Action(ret.v)
-		}
-		pc = next
+// decide returns whether the comparison (a op b) holds, when the values or the path's
+// constraints tell: both known; or a is a masked word the path compared the same way before, or
+// found equal to a constant under a mask that covers a's.
+func decide(a val, op uint16, b val, cs []cons) (taken, decided bool) {
+	if b.kind != known {
+		return false, false
 	}
-}
-
-// step runs instruction in at pc. It returns the next pc, and a second one (fork >= 0) when a
-// jump depends on an unknown value and both ways must be followed; or, for a return, the value
-// and done.
-func step(in Inst, pc int, a, x *val, m *[16]val, load func(off uint32) val) (next, fork int, ret val, done bool) {
-	code := in.Code
-	next, fork = pc+1, -1
-	switch code & 0x07 {
-	case clsLD, clsLDX:
-		var v val
-		switch code & 0xe0 {
-		case modeIMM:
-			v = val{true, in.K}
-		case modeMEM:
-			v = m[in.K]
-		case modeLEN:
-			v = val{true, dataLen}
-		case modeABS:
-			v = load(in.K)
-		}
-		if code&0x07 == clsLD {
-			*a = v
-		} else {
-			*x = v
-		}
-	case clsST:
-		m[in.K] = *a
-	case clsSTX:
-		m[in.K] = *x
-	case clsALU:
-		operand := val{true, in.K}
-		if code&srcX != 0 {
-			operand = *x
-		}
-		*a = alu(code&0xf0, *a, operand)
-	case clsJMP:
-		op := code & 0xf0
-		if op == jmpJA {
-			return pc + 1 + int(in.K), -1, val{}, false
-		}
-		operand := val{true, in.K}
-		if code&srcX != 0 {
-			operand = *x
-		}
-		t, f := pc+1+int(in.Jt), pc+1+int(in.Jf)
-		if !a.known || !operand.known {
-			if t == f {
-				return t, -1, val{}, false
+	switch a.kind {
+	case known:
+		return compare(a.v, op, b.v), true
+	case word:
+		for _, c := range cs {
+			if c.w == a.w && c.mask == a.mask && c.op == op && c.k == b.v {
+				return c.taken, true
 			}
-			return t, f, val{}, false
 		}
-		var cond bool
-		switch op {
-		case jmpJEQ:
-			cond = a.v == operand.v
-		case jmpJGT:
-			cond = a.v > operand.v
-		case jmpJGE:
-			cond = a.v >= operand.v
-		case jmpJSET:
-			cond = a.v&operand.v != 0
-		}
-		if cond {
-			return t, -1, val{}, false
-		}
-		return f, -1, val{}, false
-	case clsRET:
-		if code&0x18 == retA {
-			return 0, -1, *a, true
-		}
-		return 0, -1, val{true, in.K}, true
-	case clsMISC:
-		if code&0xf8 == miscTAX {
-			*x = *a
-		} else {
-			*a = *x
+		for _, c := range cs {
+			if c.taken && c.op == jmpJEQ && c.w == a.w && a.mask&^c.mask == 0 {
+				return compare(c.k&a.mask, op, b.v), true
+			}
 		}
 	}
-	return next, fork, val{}, false
+	return false, false
 }
 
-// alu applies operation op to a and b (unknown if either is, but AND with a known 0 and
-// multiplication by a known 0, which are 0 whatever the other is).
+func compare(a uint32, op uint16, b uint32) bool {
+	switch op {
+	case jmpJEQ:
+		return a == b
+	case jmpJGT:
+		return a > b
+	case jmpJGE:
+		return a >= b
+	case jmpJSET:
+		return a&b != 0
+	}
+	return false
+}
+
+// alu applies operation op to a and b as the kernel's classic BPF does (32-bit, shifts by X
+// modulo 32; division by zero is the caller's): known with known is known, a word masked with a
+// known constant stays a word, AND or multiplication with a known 0 is 0, anything else with
+// an unknown value is opaque.
 func alu(op uint16, a, b val) val {
 	if op == aluNEG {
-		if !a.known {
-			return val{}
+		if a.kind != known {
+			return val{kind: opaque}
 		}
-		return val{true, -a.v}
+		return val{kind: known, v: -a.v}
 	}
-	if (op == aluAND || op == aluMUL) && ((a.known && a.v == 0) || (b.known && b.v == 0)) {
-		return val{true, 0}
+	if (op == aluAND || op == aluMUL) && ((a.kind == known && a.v == 0) || (b.kind == known && b.v == 0)) {
+		return val{kind: known, v: 0}
 	}
-	if !a.known || !b.known {
-		return val{}
+	if op == aluAND && a.kind == word && b.kind == known {
+		return val{kind: word, w: a.w, mask: a.mask & b.v}
 	}
+	if op == aluAND && b.kind == word && a.kind == known {
+		return val{kind: word, w: b.w, mask: b.mask & a.v}
+	}
+	if a.kind != known || b.kind != known {
+		return val{kind: opaque}
+	}
+	x, y := a.v, b.v
+	var r uint32
 	switch op {
 	case aluADD:
-		return val{true, a.v + b.v}
+		r = x + y
 	case aluSUB:
-		return val{true, a.v - b.v}
+		r = x - y
 	case aluMUL:
-		return val{true, a.v * b.v}
+		r = x * y
 	case aluDIV:
-		if b.v == 0 {
-			return val{true, 0} // the kernel's classic BPF returns 0 for the program; never reached: check refuses a constant 0
-		}
-		return val{true, a.v / b.v}
+		r = x / y
 	case aluMOD:
-		if b.v == 0 {
-			return val{true, 0}
-		}
-		return val{true, a.v % b.v}
+		r = x % y
 	case aluOR:
-		return val{true, a.v | b.v}
+		r = x | y
 	case aluAND:
-		return val{true, a.v & b.v}
+		r = x & y
 	case aluLSH:
-		if b.v >= 32 {
-			return val{true, 0}
-		}
-		return val{true, a.v << b.v}
+		r = x << (y & 31)
 	case aluRSH:
-		if b.v >= 32 {
-			return val{true, 0}
-		}
-		return val{true, a.v >> b.v}
+		r = x >> (y & 31)
 	case aluXOR:
-		return val{true, a.v ^ b.v}
+		r = x ^ y
 	}
-	return val{}
+	return val{kind: known, v: r}
 }
 
-// constants returns the constants p compares against or masks with (jump and ALU operands),
-// at most limit of them.
-func (p Program) constants(limit int) []uint32 {
-	var out []uint32
-	for _, in := range p {
-		c := in.Code & 0x07
-		if (c == clsJMP && in.Code&0xf0 != jmpJA || c == clsALU) && in.Code&srcX == 0 && !slices.Contains(out, in.K) {
-			out = append(out, in.K)
-			if len(out) == limit {
-				break
+// Outcomes returns every action p can return for system call nr on architecture arch, whatever
+// the instruction pointer and arguments (a path that depends on them is followed both ways),
+// sorted from the most restrictive; a return of a value derived from an argument counts as
+// ActAllow. Errors wrap ErrTooComplex.
+func (p Program) Outcomes(arch, nr uint32) ([]Action, error) {
+	var out []Action
+	err := p.explore(arch, nr, nil, func(l leaf) bool {
+		a := l.act
+		if l.unknown {
+			a = ActAllow
+		}
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b Action) int { return int(a.rank()) - int(b.rank()) })
+	return out, err
+}
+
+// Run returns what p returns for d (every word known).
+func (p Program) Run(d Data) Action {
+	var a, x uint32
+	var m [16]uint32
+	pc := 0
+	for {
+		in := p[pc]
+		code := in.Code
+		switch code & 0x07 {
+		case clsLD, clsLDX:
+			var v uint32
+			switch code & 0xe0 {
+			case modeIMM:
+				v = in.K
+			case modeMEM:
+				v = m[in.K]
+			case modeLEN:
+				v = dataLen
+			case modeABS:
+				v = d.Words[in.K/4]
+			}
+			if code&0x07 == clsLD {
+				a = v
+			} else {
+				x = v
+			}
+		case clsST:
+			m[in.K] = a
+		case clsSTX:
+			m[in.K] = x
+		case clsALU:
+			op := code & 0xf0
+			b := in.K
+			if code&srcX != 0 {
+				b = x
+			}
+			if (op == aluDIV || op == aluMOD) && b == 0 {
+				return 0
+			}
+			a = alu(op, val{kind: known, v: a}, val{kind: known, v: b}).v
+		case clsJMP:
+			op := code & 0xf0
+			if op == jmpJA {
+				pc += 1 + int(in.K)
+				continue
+			}
+			b := in.K
+			if code&srcX != 0 {
+				b = x
+			}
+			if compare(a, op, b) {
+				pc += 1 + int(in.Jt)
+			} else {
+				pc += 1 + int(in.Jf)
+			}
+			continue
+		case clsRET:
+			if code&0x18 == retA {
+				return Action(a)
+			}
+			return Action(in.K)
+		case clsMISC:
+			if code&0xf8 == miscTAX {
+				x = a
+			} else {
+				a = x
 			}
 		}
+		pc++
 	}
-	return out
 }
 
 // Arch is an audit architecture and the system call numbers a check covers on it.
@@ -476,15 +620,14 @@ type Violation struct {
 	Nr   uint32
 	// Have is the most permissive action the chain can return for it; Want the profile's.
 	Have, Want Action
-	// ByArgument reports that the two differ only for some arguments (Args is one such set).
-	ByArgument bool
-	Args       [6]uint64
+	// When, if not empty, says for which arguments (the chain's path to Have).
+	When string
 }
 
 func (v Violation) String() string {
 	s := fmt.Sprintf("%s system call %d: %s where the profile gives %s", v.Arch, v.Nr, v.Have, v.Want)
-	if v.ByArgument {
-		s += fmt.Sprintf(" (arguments %#x)", v.Args)
+	if v.When != "" {
+		s += " (when " + v.When + ")"
 	}
 	return s
 }
@@ -513,31 +656,26 @@ func (e *Error) Error() string {
 // Unwrap returns ErrMorePermissive.
 func (e *Error) Unwrap() error { return ErrMorePermissive }
 
-// maxConstants bounds the constants Compare tries as arguments.
-const maxConstants = 512
-
 // Compare returns nil when the filter chain (a process's filters: the kernel applies each and
 // takes the most restrictive result) never lets a system call do more than profile does, for
-// every system call number below MaxSyscall of every architecture in arches, else an *Error.
+// every system call number below MaxSyscall of every architecture in arches and every
+// instruction pointer and argument, else an *Error.
 //
-// For a system call the profile decides without looking at its arguments (one outcome), the
-// check is exact: some filter of the chain must never return anything more permissive, whatever
-// the arguments. For one it decides by argument (runc's profiles do so for a few, such as clone
-// and personality), each argument's low and high half is tried, one at a time, at every constant
-// either program compares against, one below and one above it, the others 0: a chain that
-// decides those system calls differently only for argument values neither program names is not
-// caught. Errors wrap ErrTooComplex, or are an *Error (wrapping ErrMorePermissive).
+// Both programs are explored with the arguments unknown: each comparison of an argument forks
+// the path, and a path remembers the comparisons it took. For a system call the profile decides
+// without its arguments, some filter of the chain must return nothing more permissive on any
+// path. For one it decides by argument (runc's profiles do so for clone, socket, personality),
+// each path of a filter is followed into the profile under the same comparisons, and the
+// filter's action must be no more permissive than anything the profile returns there; where the
+// profile compares an argument in a way the path does not decide, both ways count, so a filter
+// that decides like the profile passes and one that differs on any arguments does not. A chain
+// passes when one of its filters passes alone. The check is sound: it never passes a chain that
+// can return more than the profile for some arguments, but may refuse one that combines several
+// filters to be strict enough. Errors wrap ErrTooComplex, or are an *Error (wrapping
+// ErrMorePermissive).
 func Compare(chain []Program, profile Program, arches []Arch) error {
 	if len(chain) == 0 {
 		return &Error{Violations: []Violation{{Arch: "any", Have: ActAllow, Want: profile.Run(NewData(0, 0))}}}
-	}
-	var consts []uint32
-	for _, p := range append([]Program{profile}, chain...) {
-		for _, c := range p.constants(maxConstants) {
-			if len(consts) < maxConstants && !slices.Contains(consts, c) {
-				consts = append(consts, c)
-			}
-		}
 	}
 	e := &Error{}
 	record := func(v Violation) {
@@ -549,31 +687,12 @@ func Compare(chain []Program, profile Program, arches []Arch) error {
 	}
 	for _, arch := range arches {
 		for n := uint32(0); n < MaxSyscall; n++ {
-			nr := arch.Base + n
-			want, err := profile.Outcomes(arch.Audit, nr)
+			v, ok, err := compareCall(chain, profile, arch.Audit, arch.Base+n)
 			if err != nil {
 				return err
 			}
-			if len(want) == 1 {
-				// the chain returns the most restrictive of its filters' results: at most the
-				// least permissive of their most permissive outcomes
-				best := ActAllow
-				for _, f := range chain {
-					have, err := f.Outcomes(arch.Audit, nr)
-					if err != nil {
-						return err
-					}
-					if top := have[len(have)-1]; top.rank() < best.rank() {
-						best = top
-					}
-				}
-				if best.rank() > want[0].rank() {
-					record(Violation{Arch: arch.Name, Nr: n, Have: best, Want: want[0]})
-				}
-				continue
-			}
-			if v, ok := compareByArgument(chain, profile, arch, nr, consts); !ok {
-				v.Nr = n
+			if !ok {
+				v.Arch, v.Nr = arch.Name, n
 				record(v)
 			}
 		}
@@ -584,41 +703,86 @@ func Compare(chain []Program, profile Program, arches []Arch) error {
 	return nil
 }
 
-// compareByArgument tries system call nr with each argument half set, one at a time, to every
-// constant and its neighbours; ok is false, with the first violation, when the chain's result is
-// more permissive than the profile's for one of them.
-func compareByArgument(chain []Program, profile Program, arch Arch, nr uint32, consts []uint32) (Violation, bool) {
-	try := func(d Data) (Violation, bool) {
-		want := profile.Run(d)
-		have := ActAllow
-		for _, f := range chain {
-			if r := f.Run(d); r.rank() < have.rank() {
-				have = r
+// profileAct is a profile leaf's action: a return derived from an argument counts as the most
+// restrictive (the comparison must never lean on what it cannot read).
+func profileAct(l leaf) Action {
+	if l.unknown {
+		return ActKillProcess
+	}
+	return l.act
+}
+
+// filterAct is a filter leaf's action: a return derived from an argument counts as ActAllow.
+func filterAct(l leaf) Action {
+	if l.unknown {
+		return ActAllow
+	}
+	return l.act
+}
+
+// compareCall compares the chain with the profile for system call nr on architecture arch; ok is
+// false, with the first filter's violation, when no filter of the chain is at most as
+// permissive as the profile on every path.
+func compareCall(chain []Program, profile Program, arch, nr uint32) (Violation, bool, error) {
+	var want []Action
+	if err := profile.explore(arch, nr, nil, func(l leaf) bool {
+		if a := profileAct(l); !slices.Contains(want, a) {
+			want = append(want, a)
+		}
+		return true
+	}); err != nil {
+		return Violation{}, false, err
+	}
+	least := want[0]
+	for _, a := range want {
+		if a.rank() < least.rank() {
+			least = a
+		}
+	}
+	var first Violation
+	for fi, f := range chain {
+		var bad *Violation
+		err := f.explore(arch, nr, nil, func(l leaf) bool {
+			have := filterAct(l)
+			if have.rank() <= least.rank() {
+				return true // no more than the profile's most restrictive answer
 			}
-		}
-		if have.rank() <= want.rank() {
-			return Violation{}, true
-		}
-		v := Violation{Arch: arch.Name, Have: have, Want: want, ByArgument: true}
-		for i := range 6 {
-			v.Args[i] = uint64(d.Words[(offArgs/4)+2*i]) | uint64(d.Words[(offArgs/4)+2*i+1])<<32
-		}
-		return v, false
-	}
-	base := NewData(arch.Audit, nr)
-	if v, ok := try(base); !ok {
-		return v, false
-	}
-	for w := offArgs / 4; w < dataLen/4; w++ {
-		for _, c := range consts {
-			for _, x := range []uint32{c, c - 1, c + 1} {
-				d := base
-				d.Words[w] = x
-				if v, ok := try(d); !ok {
-					return v, false
+			if len(want) == 1 {
+				bad = &Violation{Have: have, Want: want[0], When: describe(l.cons)}
+				return false
+			}
+			// the profile decides by argument: follow it under this path's comparisons
+			var perr error
+			perr = profile.explore(arch, nr, l.cons, func(pl leaf) bool {
+				if w := profileAct(pl); have.rank() > w.rank() {
+					bad = &Violation{Have: have, Want: w, When: describe(append(slices.Clone(l.cons), pl.cons[len(l.cons):]...))}
+					return false
 				}
+				return true
+			})
+			if perr != nil {
+				bad = &Violation{Have: have, Want: least, When: perr.Error()}
 			}
+			return bad == nil
+		})
+		if err != nil {
+			return Violation{}, false, err
+		}
+		if bad == nil {
+			return Violation{}, true, nil
+		}
+		if fi == 0 {
+			first = *bad
 		}
 	}
-	return Violation{}, true
+	return first, false, nil
+}
+
+// describe writes a path's comparisons ("args[0] & 0x7e020000 has none of 0x7e020000 and ...").
+func describe(cs []cons) string {
+	var parts []string
+	for _, c := range cs {
+		parts = append(parts, c.String())
+	}
+	return strings.Join(parts, " and ")
 }

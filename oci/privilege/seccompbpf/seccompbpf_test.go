@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,82 @@ func TestParseRefuses(t *testing.T) {
 		if _, err := Parse(raw); !errors.Is(err, ErrBadProgram) {
 			t.Errorf("%s: Parse = %v, want ErrBadProgram", name, err)
 		}
+	}
+}
+
+// encode writes p as the kernel's struct sock_filter array.
+func encode(p Program) []byte {
+	var b []byte
+	for _, in := range p {
+		b = binary.NativeEndian.AppendUint16(b, in.Code)
+		b = append(b, in.Jt, in.Jf)
+		b = binary.NativeEndian.AppendUint32(b, in.K)
+	}
+	return b
+}
+
+// TestCompareHostilePrefixes (the issue 19 review's forgeries): the RuntimeDefault program with a
+// prefix that returns ALLOW in a case the comparison once missed:
+//   - a shift by X = 32, which the kernel takes modulo 32 (1 << 32 is 1, not 0);
+//   - clone when its tls argument (args[4]) is 0x1337, whatever its flags: trying one argument
+//     at a time at the programs' constants never combined that with CLONE_NEWUSER.
+//
+// Each must be refused; the same prefix that returns the profile's own answer passes.
+func TestCompareHostilePrefixes(t *testing.T) {
+	a := load(t, "runtime-default-a.bpf")
+	allow := Inst{Code: clsRET, K: uint32(ActAllow)}
+	shift := Program{
+		{Code: clsLDX | modeIMM, K: 32},             // ldx #32
+		{Code: clsLD | modeIMM, K: 1},               // ld #1
+		{Code: clsALU | aluLSH | srcX},              // lsh x: 1 in the kernel
+		{Code: clsJMP | jmpJEQ, Jt: 1, Jf: 0, K: 0}, // jeq #0 -> the profile
+		allow,
+	}
+	clone := Program{
+		{Code: clsLD | modeABS, K: 4},                             // ld arch
+		{Code: clsJMP | jmpJEQ, Jt: 0, Jf: 5, K: auditArchX86_64}, // not x86_64 -> the profile
+		{Code: clsLD | modeABS, K: 0},                             // ld nr
+		{Code: clsJMP | jmpJEQ, Jt: 0, Jf: 3, K: nrClone},         // not clone -> the profile
+		{Code: clsLD | modeABS, K: offArgs + 4*8},                 // ld args[4], low half
+		{Code: clsJMP | jmpJEQ, Jt: 0, Jf: 1, K: 0x1337},          // not 0x1337 -> the profile
+		allow,
+	}
+	// the same shape as clone's, refusing clone with tls 0x1337: stricter than the profile
+	honest := slices.Clone(clone)
+	honest[6] = Inst{Code: clsRET, K: uint32(ActErrno | 1)}
+	for _, tc := range []struct {
+		name    string
+		prefix  Program
+		mention string // "" for a pass
+	}{
+		{"a shift by X of 32", shift, "ALLOW where the profile gives"},
+		{"clone with tls 0x1337", clone, "x86_64 system call 56: ALLOW where the profile gives ERRNO(1) (when args[4] == 0x1337"},
+		{"clone with tls 0x1337 refused", honest, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forged, err := Parse(encode(append(slices.Clone(tc.prefix), a...)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = Compare([]Program{forged}, a, HostArches())
+			if tc.mention == "" {
+				if err != nil {
+					t.Fatalf("Compare = %v, want a pass", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrMorePermissive) || !strings.Contains(err.Error(), tc.mention) {
+				t.Fatalf("Compare = %v, want ErrMorePermissive mentioning %q", err, tc.mention)
+			}
+		})
+	}
+	// Run follows the kernel: the shift prefix returns ALLOW for every system call
+	forged, _ := Parse(encode(append(slices.Clone(shift), a...)))
+	if r := forged.Run(NewData(auditArchX86_64, nrMount)); r != ActAllow {
+		t.Errorf("Run of the shift prefix: %v, want ALLOW (1 << (32 & 31) == 1)", r)
+	}
+	// a constant shift of 32 the kernel refuses to load
+	if _, err := Parse(encode(Program{{Code: clsALU | aluLSH, K: 32}, allow})); !errors.Is(err, ErrBadProgram) {
+		t.Errorf("lsh #32: %v, want ErrBadProgram", err)
 	}
 }
