@@ -349,19 +349,18 @@ func (r *Receiver) adoptPages(ctx context.Context, name, staging string, m *chec
 	return nil
 }
 
-// discardPages ends checkpoint name's page stream, if any, because its checkpoint's transfer
-// failed with err: the page stream's handler removes what it received.
-// Every stream of that name goes, whatever its ID: none of them is the checkpoint's now.
-func (r *Receiver) discardPages(name string, err error) {
-	r.mu.Lock()
-	var streams []*pageStream
-	for key, ps := range r.pages {
-		if strings.HasPrefix(key, name+"/") {
-			streams = append(streams, ps)
-		}
+// discardPages ends the page stream that checkpoint name's manifest m names (m.PageStream's ID),
+// if any, because the checkpoint's transfer failed with err: the page stream's handler removes
+// what it received. Only that stream goes: a transfer that fails under a name another move
+// also uses (a stranger's, or one whose manifest names no stream) costs that move nothing.
+func (r *Receiver) discardPages(name string, m *checkpoint.Manifest, err error) {
+	if m == nil || m.PageStream == nil {
+		return
 	}
+	r.mu.Lock()
+	ps := r.pages[pagesKey(name, m.PageStream.ID)]
 	r.mu.Unlock()
-	for _, ps := range streams {
+	if ps != nil {
 		ps.once.Do(func() { ps.lost = err; close(ps.adopted) })
 	}
 }

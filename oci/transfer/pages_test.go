@@ -567,3 +567,57 @@ func TestPageStreamNameNotTaken(t *testing.T) {
 		t.Fatalf("the move's page image not adopted intact: %v", err)
 	}
 }
+
+// TestPageStreamNotDiscardedByStranger: a checkpoint transfer that fails under the move's name
+// (here: its berth.json differs from its header's, and names no page stream) leaves the move's
+// page stream alone; the move's own checkpoint still adopts it.
+func TestPageStreamNotDiscardedByStranger(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the relay accepts only root's CRIU")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true, CRIU: fakeCRIU(t)})
+	relay, err := StartPageRelay(context.Background(), dial(t, addr), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("page"), 100000)
+	if got := sendPages(t, relay, data); got != "ok" {
+		t.Fatalf("page server answer %q (receiver: %v)", got, wait(t, out).err)
+	}
+	ps, err := relay.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	junk := filepath.Join(t.TempDir(), "junk")
+	makeCheckpoint(t, junk, 4096)
+	_, stream := wire(t, junk, "c1")
+	hdr := header{Magic: Magic, Name: "c1", TotalBytes: int64(len(stream)), Manifest: []byte(`{"version":1}`)}
+	_, _ = sendStream(context.Background(), dial(t, addr), hdr, bytesTo(stream), nil)
+	if o := wait(t, out); o.err == nil {
+		t.Fatal("the stranger's checkpoint was kept")
+	}
+
+	dir := filepath.Join(t.TempDir(), "c1")
+	makeCheckpoint(t, dir, 64<<10)
+	for _, p := range []string{"pages-1.img", "pages-2.img"} {
+		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
+		t.Fatalf("the move's checkpoint after a stranger's failed one: %v", err)
+	}
+	for range 2 {
+		if o := wait(t, out); o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "c1", "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("the move's page image not adopted intact: %v", err)
+	}
+}

@@ -713,7 +713,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	staging := filepath.Join(root, StagingPrefix+name+"-"+hex.EncodeToString(suffix[:]))
 	defer func() {
 		if retErr != nil {
-			r.discardPages(name, retErr)
+			r.discardPages(name, m, retErr)
 			if err := os.RemoveAll(staging); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("remove %s: %w", staging, err))
 			}
@@ -806,7 +806,9 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 // directory (signed: its path relative to the checkpoint, "." or checkpoint.ImagesDir) as soon
 // as its berth.json and berth.sig are both written, or once another file follows berth.json
 // without a berth.sig (berth's archives carry the two first): a stream that no trusted key
-// signed is refused before its bulk reaches the disk. nil without VerifySignature.
+// signed is refused before its bulk reaches the disk. In berth's own layout (signed ".") a
+// stream whose first file is not berth.json is refused with ErrProtocol. nil without
+// VerifySignature.
 func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string) func(string) error {
 	if r.VerifySignature == nil {
 		return nil
@@ -817,6 +819,12 @@ func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string) func(
 	return func(name string) error {
 		if checked {
 			return nil
+		}
+		if signed == "." && !haveManifest && name != manifest {
+			// berth's own layout: berth.json is the first file; a stream that puts it later
+			// would have everything else written before its signature is read
+			return fmt.Errorf("%w: %s is the stream's first file, not %s: berth's archives carry %s and %s first; refused before the rest was written",
+				ErrProtocol, quote.Value(name), manifest, manifest, sig)
 		}
 		switch name {
 		case manifest:

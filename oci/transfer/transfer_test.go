@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -716,4 +717,63 @@ func TestSignatureFirst(t *testing.T) {
 	if strings.Join(seen, " ") != checkpoint.ManifestFile+" "+checkpoint.SignatureFile {
 		t.Errorf("the signature was checked with %v on disk, want berth.json and berth.sig only", seen)
 	}
+}
+
+// TestSignatureLast: a stream of berth's layout whose berth.json comes after the other files
+// is refused at its first file, before anything else is written.
+func TestSignatureLast(t *testing.T) {
+	root := t.TempDir()
+	called := false
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true,
+		VerifySignature: func(context.Context, string) error { called = true; return nil }})
+	src := filepath.Join(t.TempDir(), "c")
+	makeCheckpoint(t, src, 4<<20)
+	raw, err := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, b []byte) {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == checkpoint.ManifestFile {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		b, err := os.ReadFile(p)
+		add(filepath.ToSlash(rel), b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(checkpoint.ManifestFile, raw)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hdr := header{Magic: Magic, Name: "late", TotalBytes: int64(buf.Len()), Manifest: raw}
+	_, _ = sendStream(context.Background(), dial(t, addr), hdr, bytesTo(buf.Bytes()), nil)
+	o := wait(t, out)
+	if !errors.Is(o.err, ErrProtocol) || !strings.Contains(o.err.Error(), "first file") {
+		t.Fatalf("receiver: %v, want ErrProtocol naming the first file", o.err)
+	}
+	if called {
+		t.Error("VerifySignature ran: the stream was read past its first file")
+	}
+	assertRootClean(t, root)
+}
+
+// bytesTo is an io.WriterTo of b.
+type bytesTo []byte
+
+func (b bytesTo) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(b)
+	return int64(n), err
 }
