@@ -34,7 +34,9 @@ import (
 // restore) is admitted the same way when it carries a berth manifest (it wins over a restore-from
 // annotation the container's spec still carries from an earlier restore) (containerd applies the
 // container's writable layer itself); one without a berth manifest is refused unless the trust
-// policy allows unsigned checkpoints, and its processes are compared with the spec either way.
+// policy allows unsigned checkpoints, and its processes are compared with the spec either way;
+// a signed one is refused when the spec runs an OCI hook the signed manifest does not record
+// for the source container (privilege.CheckHooks).
 func (s *Service) prepareRestore(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (_ *restorePlan, retErr error) {
 	ref := spec.Annotations[oci.AnnotationRestoreFrom]
 	if spec.Annotations[oci.AnnotationCRIContainerType] == "sandbox" {
@@ -129,6 +131,16 @@ func (s *Service) prepareContainerdRestore(ctx context.Context, r *taskAPI.Creat
 	if _, err := os.Lstat(filepath.Join(plan.root(), checkpoint.ManifestFile)); err == nil {
 		if err := s.admit(ctx, plan, spec, false); err != nil {
 			return nil, plan.named(err)
+		}
+		// ctr containers restore takes the spec from containerd's checkpoint image, which no
+		// berth signature covers: a hook in it runs as root here, so only the source's own
+		// (recorded in the signed manifest) may run
+		var src []privilege.Hook
+		if sec := plan.manifest.Security; sec != nil {
+			src = sec.Hooks
+		}
+		if err := privilege.CheckHooks(src, spec); err != nil {
+			return nil, plan.named(fmt.Errorf("%w (the spec containerd passed runs hooks the checkpointed container did not; restore with the container's own spec, e.g. berthctl restore)", err))
 		}
 		return plan, nil
 	}

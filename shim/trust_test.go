@@ -447,7 +447,8 @@ func TestStartRestoresWhatCreateVerified(t *testing.T) {
 }
 
 // TestContainerdRestore: a checkpoint containerd passes (ctr containers restore) is admitted like
-// any other when it carries a berth manifest; without one it is refused unless allow_unsigned.
+// any other when it carries a berth manifest, and only with the hooks its signed source ran;
+// without a manifest it is refused unless allow_unsigned.
 func TestContainerdRestore(t *testing.T) {
 	base := t.TempDir()
 	images := filepath.Join(writeCheckpointWith(t, base, "ck", checkpointOpts{fp: nodeFP, signer: "node", cri: true}), checkpoint.ImagesDir)
@@ -478,6 +479,18 @@ func TestContainerdRestore(t *testing.T) {
 	}
 	_, err = restore(lab, bare, unprivilegedSpec("", ""))
 	requireRefused(t, err, privilege.ErrExceedsSpec, errdefs.ErrPermissionDenied, "process 1 (app)")
+
+	// the spec ctr takes from containerd's checkpoint image is not signed: a hook in it would
+	// run as root here, so only the hooks the signed source recorded may run
+	hooked := podSpec("", "")
+	hooked.Hooks = &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "touch /pwned"}}}}
+	_, err = restore(strict, images, hooked)
+	requireRefused(t, err, privilege.ErrExceedsSpec, errdefs.ErrPermissionDenied, "createRuntime /bin/sh -c touch /pwned", "berthctl restore")
+	sec := privilege.FromSpec(hooked)
+	recorded := filepath.Join(writeCheckpointWith(t, base, "hooked", checkpointOpts{fp: nodeFP, signer: "node", cri: true, security: &sec}), checkpoint.ImagesDir)
+	if _, err := restore(strict, recorded, hooked); err != nil {
+		t.Fatalf("a hook the signed source recorded: %v", err)
+	}
 }
 
 // TestReferenceHygiene: credentials in a reference never come back; oversized values are cut.

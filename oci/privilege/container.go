@@ -76,6 +76,10 @@ type Container struct {
 	// Namespaces has the mode of each of NamespaceTypes; a type missing from the map counts as
 	// shared with the host.
 	Namespaces map[specs.LinuxNamespaceType]NamespaceMode `json:"namespaces"`
+	// Hooks are the OCI hooks the spec runs (HooksOf). CheckContainer does not compare them:
+	// a destination's own runtime adds its hooks (CDI's, NRI plugins'); CheckHooks does, for a
+	// restore whose spec may come from the checkpoint.
+	Hooks []Hook `json:"hooks,omitempty"`
 }
 
 // privilegedCaps are the capabilities every kernel berth supports has (through
@@ -112,6 +116,7 @@ func FromSpec(s *specs.Spec) Container {
 		c.NoNewPrivileges = p.NoNewPrivileges
 		c.AppArmorProfile = p.ApparmorProfile
 	}
+	c.Hooks = HooksOf(s)
 	var masked, readonly int
 	if l := s.Linux; l != nil {
 		if l.Seccomp != nil {
