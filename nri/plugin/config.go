@@ -71,6 +71,13 @@ type Config struct {
 	// GPUs the container was not given is refused. List "*" on nodes where nothing else
 	// allocates GPUs (containerd driven by crictl or another CRI client without a kubelet).
 	GPUAnnotationNamespaces []string `toml:"gpu_annotation_namespaces"`
+	// TrustVisibleDevicesEnv books the GPUs a container's NVIDIA_VISIBLE_DEVICES names in every
+	// namespace, as the NVIDIA container toolkit's accept-nvidia-visible-devices-envvar-when-
+	// unprivileged does: for a device plugin with DEVICE_LIST_STRATEGY=envvar, whose containers
+	// get no device nodes until the toolkit's runtime adds them. Default false: any pod can set
+	// the variable, so outside gpu_annotation_namespaces only device nodes and CDI devices book
+	// GPUs (the GPU Operator's default, CDI, gives them).
+	TrustVisibleDevicesEnv bool `toml:"trust_visible_devices_env"`
 	// RecordKeyFile holds the key (32 random bytes, created mode 0600 with its directory 0700
 	// when missing) berth-nri authenticates its berth.dev/placement records with, so that after
 	// a restart it believes only records it wrote: a pod can carry an annotation of that name
@@ -207,6 +214,12 @@ func (c Config) Refresh() time.Duration { return time.Duration(c.RefreshSeconds)
 func (c Config) Reserved() []int {
 	ids, _ := topology.ParseIDList(c.ReservedCPUs)
 	return ids
+}
+
+// envGPUsTrusted reports whether NVIDIA_VISIBLE_DEVICES books GPUs for containers of Kubernetes
+// namespace ns (TrustVisibleDevicesEnv, or ns may name GPUs by annotation).
+func (c Config) envGPUsTrusted(ns string) bool {
+	return c.TrustVisibleDevicesEnv || c.gpuAnnotationAllowed(ns)
 }
 
 // gpuAnnotationAllowed reports whether containers of Kubernetes namespace ns may ask berth-nri

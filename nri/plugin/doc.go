@@ -28,9 +28,11 @@
 // # GPUs already in a container
 //
 // A container's GPUs are the union of: CDI devices of kind cdi_kind ("nvidia.com/gpu=0",
-// "=GPU-<uuid>", "=all"), the NVIDIA_VISIBLE_DEVICES list (indices or UUIDs; "all" in the
-// environment alone is ignored, because CUDA base images set it for every container), and
-// /dev/nvidiaN device nodes of the spec. Names that match no GPU of the node are logged and
+// "=GPU-<uuid>", "=all"), /dev/nvidiaN device nodes of the spec, and, in namespaces trusted to
+// name GPUs (gpu_annotation_namespaces, or every namespace with trust_visible_devices_env), the
+// NVIDIA_VISIBLE_DEVICES list (indices or UUIDs; "all" in the environment alone is ignored,
+// because CUDA base images set it for every container). Elsewhere the variable books nothing:
+// any pod can set it; the GPUs it names beyond the container's devices are logged. Names that match no GPU of the node are logged and
 // skipped; MIG devices ("MIG-...", "0:1") count as their parent GPU when it can be told.
 //
 // # Metrics

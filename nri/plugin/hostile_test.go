@@ -138,3 +138,41 @@ func TestAnnotationLength(t *testing.T) {
 		t.Errorf("the refusal is %d bytes long", len(err.Error()))
 	}
 }
+
+// TestEnvGPUSquat: under a kubelet a pod that requests no GPU but sets NVIDIA_VISIBLE_DEVICES to
+// every GPU books none of them, on create or after a restart (Synchronize); the device plugin's
+// pods that follow get theirs. With trust_visible_devices_env the variable books GPUs again.
+func TestEnvGPUSquat(t *testing.T) {
+	rt := startRuntime(t)
+	c := kubeletCfg()
+	_, _, stop := rt.connect(c)
+	defer stop()
+	squat := ctrSpec{name: "squatter", env: []string{plugin.EnvVisibleDevices + "=0,1,2,3,4,5,6,7"}}
+	adj, _, err := rt.create("squatter", squat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := adj.GetAnnotations()[oci.AnnotationPlacement]; strings.Contains(rec, `"gpus"`) {
+		t.Errorf("the squatter's record books GPUs: %s", rec)
+	}
+	if _, _, err := rt.create("given", ctrSpec{name: "given", devices: []string{"/dev/nvidia3"}, env: []string{plugin.EnvVisibleDevices + "=3"}}); err != nil {
+		t.Fatalf("the device plugin's pod with GPU 3 beside the squatter: %v", err)
+	}
+	stop()
+	_, _, stop2 := rt.connect(c)
+	if _, _, err := rt.create("given2", ctrSpec{name: "given2", devices: []string{"/dev/nvidia5"}}); err != nil {
+		t.Fatalf("after a restart, the device plugin's pod with GPU 5: %v", err)
+	}
+	stop2()
+
+	c.TrustVisibleDevicesEnv = true
+	_, _, stop3 := rt.connect(c)
+	defer stop3()
+	adj, _, err = rt.create("envvar", ctrSpec{name: "envvar", env: []string{plugin.EnvVisibleDevices + "=6"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := adj.GetAnnotations()[oci.AnnotationPlacement]; !strings.Contains(rec, `"gpus":"6"`) {
+		t.Errorf("trust_visible_devices_env: record %s, want GPU 6 booked", rec)
+	}
+}

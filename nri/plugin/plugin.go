@@ -143,7 +143,7 @@ func (p *Plugin) adopt(ctx context.Context, pl alloc.Placement, managed bool) {
 // connect, so also after berth-nri restarts). Containers with a berth.dev/placement annotation
 // get back exactly what it records (exclusive CPUs, GPUs); others are booked with the GPUs found
 // in them and their current cpuset, as shared. It returns no updates: nothing is re-pinned.
-func (p *Plugin) Synchronize(ctx context.Context, _ []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.setNode(p.node); err != nil {
@@ -166,9 +166,13 @@ func (p *Plugin) Synchronize(ctx context.Context, _ []*api.PodSandbox, ctrs []*a
 		return cmp.Or(cmp.Compare(a.GetCreatedAt(), b.GetCreatedAt()), cmp.Compare(a.GetId(), b.GetId()))
 	}
 	slices.SortFunc(live, managedFirst)
+	namespaces := map[string]string{} // pod sandbox ID: Kubernetes namespace
+	for _, pod := range pods {
+		namespaces[pod.GetId()] = pod.GetNamespace()
+	}
 	managed := 0
 	for _, c := range live {
-		pl, isManaged := p.observe(ctx, c)
+		pl, isManaged := p.observe(ctx, namespaces[c.GetPodSandboxId()], c)
 		p.adopt(ctx, pl, isManaged)
 		if isManaged {
 			managed++
@@ -180,9 +184,9 @@ func (p *Plugin) Synchronize(ctx context.Context, _ []*api.PodSandbox, ctrs []*a
 	return nil, nil
 }
 
-// observe reads what a running container holds: its placement record when it has one, otherwise
-// its GPUs and current cpuset.
-func (p *Plugin) observe(ctx context.Context, c *api.Container) (alloc.Placement, bool) {
+// observe reads what a running container of Kubernetes namespace ns holds: its placement record
+// when it has one, otherwise its GPUs (containerGPUs) and current cpuset.
+func (p *Plugin) observe(ctx context.Context, ns string, c *api.Container) (alloc.Placement, bool) {
 	current, err := topology.ParseIDList(c.GetLinux().GetResources().GetCpu().GetCpus())
 	if err != nil || len(current) == 0 {
 		current = nil
@@ -190,7 +194,7 @@ func (p *Plugin) observe(ctx context.Context, c *api.Container) (alloc.Placement
 			current = append(current, cpu.ID)
 		}
 	}
-	gpus, _ := p.containerGPUs(c)
+	gpus, _ := p.containerGPUs(ns, c)
 	if v, ok := c.GetAnnotations()[oci.AnnotationPlacement]; ok {
 		pl, err := p.decodeRecord(c.GetId(), v)
 		if err == nil {

@@ -97,12 +97,14 @@ func cpuRequest(c *api.Container) (exclusive int, milli int64) {
 
 var devNode = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
 
-// containerGPUs returns the GPU indices the container already has (see the package doc), and
-// notes on names it could not use.
-func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
+// containerGPUs returns the GPU indices the container of Kubernetes namespace ns already has
+// (see the package doc), and notes on names it could not use. NVIDIA_VISIBLE_DEVICES counts only
+// where the configuration trusts it for ns (Config.envGPUsTrusted): any pod can set it.
+func (p *Plugin) containerGPUs(ns string, c *api.Container) ([]int, []string) {
 	n := p.node
 	var gpus []int
 	var notes []string
+	var env []string // NVIDIA_VISIBLE_DEVICES values not trusted for ns
 	all := func() {
 		for i := range n.NumGPUs() {
 			gpus = append(gpus, i)
@@ -149,6 +151,10 @@ func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
 			}
 			continue
 		}
+		if !p.cfg.envGPUsTrusted(ns) {
+			env = append(env, v)
+			continue
+		}
 		for name := range strings.SplitSeq(v, ",") {
 			byName(strings.TrimSpace(name), EnvVisibleDevices)
 		}
@@ -160,8 +166,34 @@ func (p *Plugin) containerGPUs(c *api.Container) ([]int, []string) {
 			notes = append(notes, fmt.Sprintf("device %s is not a GPU of this node", d.GetPath()))
 		}
 	}
+	if len(env) > 0 {
+		// the GPUs the container really has come from its device nodes and CDI devices; a
+		// variable alone books nothing, or a pod could hold every GPU of the node
+		var named []int
+		for _, v := range env {
+			for name := range strings.SplitSeq(v, ",") {
+				if i, ok := p.envGPU(strings.TrimSpace(name)); ok && !slices.Contains(gpus, i) && !slices.Contains(named, i) {
+					named = append(named, i)
+				}
+			}
+		}
+		if len(named) > 0 {
+			slices.Sort(named)
+			notes = append(notes, fmt.Sprintf("%s names GPUs %s beyond the container's device nodes and CDI devices; not booked: namespace %q is not trusted to name GPUs by environment (trust_visible_devices_env, gpu_annotation_namespaces)",
+				EnvVisibleDevices, topology.FormatIDList(named), ns))
+		}
+	}
 	slices.Sort(gpus)
 	return slices.Compact(gpus), notes
+}
+
+// envGPU returns the index of the node's GPU an NVIDIA_VISIBLE_DEVICES entry name names (an
+// index or a UUID); false for any other name.
+func (p *Plugin) envGPU(name string) (int, bool) {
+	if i, err := strconv.Atoi(name); err == nil && i >= 0 && i < p.node.NumGPUs() {
+		return i, true
+	}
+	return p.node.GPUByUUID(name)
 }
 
 // request turns an NRI container into an allocation request. Errors wrap ErrBadAnnotation or
@@ -179,7 +211,7 @@ func (p *Plugin) request(pod *api.PodSandbox, c *api.Container) (alloc.Request, 
 		r.Policy = pol
 	}
 	r.ExclusiveCPUs, r.MilliCPU = cpuRequest(c)
-	assigned, notes := p.containerGPUs(c)
+	assigned, notes := p.containerGPUs(pod.GetNamespace(), c)
 	v, where, ok := annotation(pod, c, oci.AnnotationGPUs)
 	if !ok {
 		r.AssignedGPUs = assigned
