@@ -35,7 +35,8 @@ func HooksOf(s *specs.Spec) []Hook {
 			hs = append(hs, Hook{Kind: kind, Path: h.Path, Args: slices.Clone(h.Args), Env: slices.Clone(h.Env)})
 		}
 	}
-	add("prestart", s.Hooks.Prestart) //nolint:staticcheck // runc still runs prestart hooks
+	//lint:ignore SA1019 runc still runs prestart hooks: a restore spec may carry them
+	add("prestart", s.Hooks.Prestart)
 	add("createRuntime", s.Hooks.CreateRuntime)
 	add("createContainer", s.Hooks.CreateContainer)
 	add("startContainer", s.Hooks.StartContainer)

@@ -39,6 +39,7 @@ func TestCheckHooks(t *testing.T) {
 }
 
 func TestFromSpecRecordsHooks(t *testing.T) {
+	//lint:ignore SA1019 runc still runs prestart hooks
 	s := &specs.Spec{Process: &specs.Process{}, Hooks: &specs.Hooks{Prestart: []specs.Hook{{Path: "/a"}}, Poststop: []specs.Hook{{Path: "/b"}}}}
 	got := FromSpec(s).Hooks
 	if len(got) != 2 || got[0].Kind != "prestart" || got[1].Kind != "poststop" {

@@ -711,3 +711,76 @@ func TestOnePeerNeverHoldsEverySlot(t *testing.T) {
 	}
 	assertRootClean(t, root, "honest")
 }
+
+// dialFrom is Dial from local address src (another loopback address: another source).
+func dialFrom(t *testing.T, src, addr string, cfg *tls.Config) (net.Conn, error) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	raw, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Clone()
+	cfg.ServerName = "127.0.0.1"
+	tc := tls.Client(raw, cfg)
+	if err := tc.HandshakeContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g, err := Handshake(tc)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// TestBodyTrickle: one certificate holder sends whole headers and then trickles the archive
+// bodies, from two sources. It holds at most MaxConns-1 slots in all, the honest node gets one
+// meanwhile, and each trickle ends at the first MinBodyRate window.
+func TestBodyTrickle(t *testing.T) {
+	src := t.TempDir()
+	makeCheckpoint(t, src, 256<<10)
+	ca := newTestCA(t, "cluster-ca")
+	recvFiles, hostile, honest := ca.node(t, "node-a"), ca.node(t, "node-b"), ca.node(t, "node-c")
+	root := t.TempDir()
+	r := &Receiver{Root: root, NoSync: true, MaxConns: 4, IdleTimeout: time.Minute, HeaderTimeout: time.Minute,
+		HeaderLineTimeout: 800 * time.Millisecond, bodyRateWindow: 1500 * time.Millisecond}
+	addr, out := serve(t, r, serverTLS(t, recvFiles))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	held := 0
+	for i, from := range []string{"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.2"} {
+		line, stream := wire(t, src, fmt.Sprintf("slow%d", i))
+		conn, err := dialFrom(t, from, addr, clientTLS(t, hostile))
+		if errors.Is(err, ErrBusy) {
+			if d := next(t, out); !errors.Is(d.err, ErrBusy) || !strings.Contains(d.err.Error(), "as many as one peer may") {
+				t.Errorf("the hostile identity's connection from %s: %v", from, d.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write(line); err != nil {
+			t.Fatal(err)
+		}
+		held++
+		wg.Go(func() { defer conn.Close(); trickle(conn, stream, 100*time.Millisecond, stop) })
+	}
+	if held != 3 {
+		t.Errorf("one identity from two sources holds %d slots, want 3 of 4", held)
+	}
+	if _, err := sendTo(t, addr, clientTLS(t, honest), src, "honest"); err != nil {
+		t.Fatalf("another node's sender while one identity trickles: %v", err)
+	}
+	if d := next(t, out); d.err != nil {
+		t.Fatal(d.err)
+	}
+	for range held {
+		d := next(t, out)
+		if !errors.Is(d.err, ErrDeadline) || !strings.Contains(d.err.Error(), "MinBodyRate") {
+			t.Errorf("trickling body: %v, want ErrDeadline naming MinBodyRate", d.err)
+		}
+	}
+	assertRootClean(t, root, "honest")
+}

@@ -46,6 +46,10 @@ const (
 	DefaultTransferTimeout = 30 * time.Minute
 	// DefaultMaxConns is Receiver.MaxConns when zero.
 	DefaultMaxConns = 4
+	// DefaultMinBodyRate is Receiver.MinBodyRate when zero, in bytes per second.
+	DefaultMinBodyRate = 64 << 10
+	// DefaultBodyRateWindow is the span MinBodyRate is averaged over.
+	DefaultBodyRateWindow = 30 * time.Second
 	// DefaultMaxConnsPerPeer is Receiver.MaxConnsPerPeer when zero: a sender holds at most three
 	// connections at once (preflight, checkpoint, page stream).
 	DefaultMaxConnsPerPeer = 3
@@ -110,9 +114,18 @@ type Receiver struct {
 	// MaxConnsPerPeer is how many of the MaxConns slots one peer may hold at once: a peer is
 	// the verified certificate's identity (subject and names) from one source (sourceOf: an
 	// IPv4 address or IPv6 /64), since a cluster's agents may share one certificate. A
-	// connection beyond it is answered busy. It is capped at MaxConns-1 (when MaxConns > 1), so
-	// one peer never holds every slot. 0 means DefaultMaxConnsPerPeer.
+	// connection beyond it is answered busy. It is capped at MaxConns-1 (when MaxConns > 1), and
+	// one identity holds at most MaxConns-1 from all its sources together, so one peer never
+	// holds every slot. 0 means DefaultMaxConnsPerPeer.
 	MaxConnsPerPeer int
+	// MinBodyRate is the slowest a checkpoint's archive body may arrive, in bytes per second,
+	// averaged over each 30 s (DefaultBodyRateWindow): IdleTimeout ends a sender that sends
+	// nothing, this one that sends a byte at a time to keep a slot. 0 means DefaultMinBodyRate
+	// (64 KiB/s); a negative value disables it. Page streams are not held to it (CRIU's page
+	// server pauses while CRIU dumps).
+	MinBodyRate int64
+	// bodyRateWindow is DefaultBodyRateWindow when zero (tests shorten it).
+	bodyRateWindow time.Duration
 	// HeaderLineTimeout bounds the header line from its first byte to its end: a peer may wait
 	// up to HeaderTimeout before it starts the header (the source's checkpoint), but not trickle
 	// it in to keep a slot. 0 means DefaultHeaderLineTimeout (30 s).
@@ -245,7 +258,8 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	if maxConns > 1 {
 		perPeer = min(perPeer, maxConns-1)
 	}
-	peers := &peerSlots{max: perPeer, held: map[string]int{}}
+	// one certificate identity, from however many sources, never holds every slot either
+	peers := &peerSlots{max: perPeer, maxIdentity: max(maxConns-1, 1), held: map[string]int{}}
 	slots := make(chan struct{}, maxConns)
 	busy := make(chan struct{}, maxConns) // connections being answered busy
 	var wg sync.WaitGroup
@@ -279,19 +293,19 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 				r.done(conn, "", err, func() {})
 				return
 			}
-			key := peerKey(conn)
-			if !peers.take(key) {
+			key, ident := peerKey(conn), identityKey(conn)
+			if !peers.take(key, ident) {
 				err := r.answerBusy(ctx, conn, maxConns)
-				r.done(conn, "", fmt.Errorf("%w (%s holds %d of the %d slots, as many as one peer may)", err, peerOf(conn), perPeer, maxConns), func() {})
+				r.done(conn, "", fmt.Errorf("%w (%s holds %d of the %d slots from this source, or %d from all, as many as one peer may)", err, peerOf(conn), perPeer, maxConns, peers.maxIdentity), func() {})
 				return
 			}
 			select {
 			case slots <- struct{}{}:
 				path, err := r.Handle(ctx, conn)
-				r.done(conn, path, err, func() { <-slots; peers.give(key) })
+				r.done(conn, path, err, func() { <-slots; peers.give(key, ident) })
 				return
 			default:
-				peers.give(key)
+				peers.give(key, ident)
 			}
 			select {
 			case busy <- struct{}{}:
@@ -304,38 +318,50 @@ func (r *Receiver) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// peerSlots counts the slots each peer (peerKey) holds, at most max each.
+// peerSlots counts the slots each peer (peerKey) holds, at most max each, and each certificate
+// identity (identityKey) from all its sources, at most maxIdentity.
 type peerSlots struct {
-	mu   sync.Mutex
-	max  int
-	held map[string]int
+	mu          sync.Mutex
+	max         int
+	maxIdentity int
+	held        map[string]int
 }
 
-// take counts one more slot of peer key; false when it holds max already.
-func (p *peerSlots) take(key string) bool {
+// take counts one more slot of peer key with certificate identity ident; false when the peer
+// holds max already or the identity maxIdentity.
+func (p *peerSlots) take(key, ident string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.held[key] >= p.max {
+	if p.held["peer|"+key] >= p.max || p.held["identity|"+ident] >= p.maxIdentity {
 		return false
 	}
-	p.held[key]++
+	p.held["peer|"+key]++
+	p.held["identity|"+ident]++
 	return true
 }
 
-// give returns one slot of peer key.
-func (p *peerSlots) give(key string) {
+// give returns one slot of peer key with identity ident.
+func (p *peerSlots) give(key, ident string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.held[key]--; p.held[key] <= 0 {
-		delete(p.held, key)
+	for _, k := range []string{"peer|" + key, "identity|" + ident} {
+		if p.held[k]--; p.held[k] <= 0 {
+			delete(p.held, k)
+		}
 	}
 }
 
-// peerKey names the peer of an authenticated connection for MaxConnsPerPeer: its certificate's
-// subject and names (none without TLS) from its source host (sourceOf).
-func peerKey(conn net.Conn) string {
+// identityKey names the certificate identity of an authenticated connection: its subject and
+// names (none without TLS).
+func identityKey(conn net.Conn) string {
 	p := peerOf(conn)
-	return sourceOf(conn.RemoteAddr()) + "|" + p.Subject + "|" + strings.Join(p.Names, ",")
+	return p.Subject + "|" + strings.Join(p.Names, ",")
+}
+
+// peerKey names the peer of an authenticated connection for MaxConnsPerPeer: its certificate
+// identity (identityKey) from its source host (sourceOf).
+func peerKey(conn net.Conn) string {
+	return sourceOf(conn.RemoteAddr()) + "|" + identityKey(conn)
 }
 
 // handshaking is the set of connections in their TLS handshake (Serve): at most max at once,
@@ -720,7 +746,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		}
 	}()
 
-	cr := &countingReader{r: io.LimitReader(br, hdr.TotalBytes), n: &slot.written}
+	cr := &countingReader{r: r.rateFloor(io.LimitReader(br, hdr.TotalBytes)), n: &slot.written}
 	digests, err := archive.ExtractDigestsThen(cr, staging, lim, r.signatureFirst(ctx, filepath.Join(staging, signed), signed))
 	if err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
@@ -1021,6 +1047,45 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // countingReader counts the bytes read through it.
+// rateFloor returns body held to MinBodyRate (body itself when it is disabled).
+func (r *Receiver) rateFloor(body io.Reader) io.Reader {
+	rate := r.MinBodyRate
+	if rate == 0 {
+		rate = DefaultMinBodyRate
+	}
+	if rate < 0 {
+		return body
+	}
+	window := r.bodyRateWindow
+	if window <= 0 {
+		window = DefaultBodyRateWindow
+	}
+	return &floorReader{r: body, window: window, min: int64(float64(rate) * window.Seconds()), start: time.Now()}
+}
+
+// floorReader fails a read that ends a window in which fewer than min bytes arrived, with
+// ErrDeadline: a reader blocked with nothing arriving is IdleTimeout's to end.
+type floorReader struct {
+	r      io.Reader
+	window time.Duration
+	min    int64
+	start  time.Time
+	n      int64
+}
+
+func (f *floorReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	f.n += int64(n)
+	if now := time.Now(); now.Sub(f.start) >= f.window {
+		if f.n < f.min {
+			return n, fmt.Errorf("%w: %d bytes of the checkpoint arrived in %v, less than MinBodyRate (%d bytes/s): the sender is too slow, or holds the connection open",
+				ErrDeadline, f.n, now.Sub(f.start).Round(time.Millisecond), f.min*int64(time.Second)/int64(f.window))
+		}
+		f.start, f.n = now, 0
+	}
+	return n, err
+}
+
 type countingReader struct {
 	r io.Reader
 	n *atomic.Int64

@@ -752,8 +752,7 @@ func compareCall(chain []Program, profile Program, arch, nr uint32) (Violation, 
 				return false
 			}
 			// the profile decides by argument: follow it under this path's comparisons
-			var perr error
-			perr = profile.explore(arch, nr, l.cons, func(pl leaf) bool {
+			perr := profile.explore(arch, nr, l.cons, func(pl leaf) bool {
 				if w := profileAct(pl); have.rank() > w.rank() {
 					bad = &Violation{Have: have, Want: w, When: describe(append(slices.Clone(l.cons), pl.cons[len(l.cons):]...))}
 					return false
