@@ -38,8 +38,8 @@ import (
 // receive, pull and push keep only what a trusted key signed; moves run over mutual TLS. Each
 // attack below succeeded before: a checkpoint was a list of digests anyone could regenerate.
 
-// CosignVersion is the cosign the tests verify pushed checkpoints with, built from the Go module
-// proxy into the per-user cache (as test/stack/install.sh caches the stack) when missing.
+// CosignVersion is the cosign the tests verify pushed checkpoints with: COSIGN_VERSION of
+// test/stack/install.sh, which make deps builds from the Go module proxy (keep the two equal).
 const CosignVersion = "v3.1.3"
 
 // ctBerthctl runs berthctl with args and returns its combined output.
@@ -338,43 +338,14 @@ func ctCheckModes(t *testing.T, dir string) {
 	}
 }
 
-// ctCosign returns the cosign binary, building it (go install) into
-// ${BERTH_CACHE:-${XDG_CACHE_HOME:-~/.cache}/berth}/tools/cosign-<version> when missing.
-// Without the Go module proxy the test skips, or fails when CI is set.
+// ctCosign returns the cosign binary make deps installs into the stack (test/stack/install.sh,
+// CosignVersion), found on PATH; the test fails without it: tools are never built inside a test.
 func ctCosign(t *testing.T) string {
 	t.Helper()
-	cache := os.Getenv("BERTH_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				t.Fatal(err)
-			}
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "berth")
+	bin, err := exec.LookPath("cosign")
+	if err != nil {
+		t.Fatalf("cosign %s is not on PATH (%v): run make deps, which installs it into _output/stack/bin, and put that directory first on PATH (make test does)", CosignVersion, err)
 	}
-	dir := filepath.Join(cache, "tools", "cosign-"+CosignVersion)
-	bin := filepath.Join(dir, "cosign")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	t.Logf("building cosign %s into %s (a few minutes, once)", CosignVersion, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, "go", "install", "github.com/sigstore/cosign/v3/cmd/cosign@"+CosignVersion)
-	cmd.Dir = os.TempDir() // outside the module: cosign's own go.mod decides its dependencies
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-mod=mod", "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		msg := fmt.Sprintf("go install cosign %s: %v\n%s", CosignVersion, err, out)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	t.Logf("built cosign %s in %v", CosignVersion, time.Since(start).Round(time.Second))
 	return bin
 }
 

@@ -6,6 +6,7 @@
 #   runc (cgo, seccomp)                        Go module proxy + libseccomp-dev
 #   crictl, checkpointctl, CNI plugins         Go module proxy
 #   nerdctl (its module, one file removed)     Go module proxy
+#   cosign (verifies pushed checkpoints)       Go module proxy
 #   CRIU (newest >= 4.2 in Debian's source archive; suites sid and experimental)
 #
 # The Debian mirror is read from this machine's apt sources; no host name is written here.
@@ -89,6 +90,17 @@ if ! { [ -x "$PREFIX/bin/nerdctl" ] && [ "$(cat "$PREFIX/bin/.nerdctl-version" 2
     { echo "install.sh: nerdctl build failed" >&2; exit 1; }
   echo "$NERDCTL_VERSION" > "$PREFIX/bin/.nerdctl-version"; rm -rf "$NB/src"
 fi
+
+# --- cosign: the e2e tests verify a pushed checkpoint's signature with it. Built outside the module
+# (cosign's own go.mod decides its dependencies) into a directory per version, linked into the stack.
+COSIGN_VERSION=v3.1.3
+COSIGN_DIR=$CACHE/tools/cosign-$COSIGN_VERSION
+if [ ! -x "$COSIGN_DIR/cosign" ]; then
+  log "go install cosign $COSIGN_VERSION (a few minutes, once)"
+  ( cd /tmp && GOBIN=$COSIGN_DIR CGO_ENABLED=0 go install "github.com/sigstore/cosign/v3/cmd/cosign@$COSIGN_VERSION" ) ||
+    { echo "install.sh: go install cosign $COSIGN_VERSION failed" >&2; exit 1; }
+fi
+ln -sfn "$COSIGN_DIR/cosign" "$PREFIX/bin/cosign"
 
 # --- CRIU from Debian's source archive
 if ! { [ -x "$PREFIX/bin/criu" ] && "$PREFIX/bin/criu" --version >/dev/null 2>&1; }; then
