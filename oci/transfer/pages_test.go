@@ -545,27 +545,7 @@ func TestPageStreamNameNotTaken(t *testing.T) {
 	if !checkpoint.ValidStreamID(ps.ID) || ps.ID != relay.ID() {
 		t.Fatalf("the relay's result names stream %q, announced %q", ps.ID, relay.ID())
 	}
-	dir := filepath.Join(t.TempDir(), "c1")
-	makeCheckpoint(t, dir, 64<<10)
-	for _, p := range []string{"pages-1.img", "pages-2.img"} {
-		if err := os.Remove(filepath.Join(dir, "checkpoint", p)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := checkpoint.WriteManifest(dir, &checkpoint.Manifest{Container: checkpoint.ContainerInfo{ID: "c1"}, PageStream: &ps}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
-		t.Fatalf("the move's checkpoint: %v", err)
-	}
-	for range 2 {
-		if o := wait(t, out); o.err != nil {
-			t.Fatal(o.err)
-		}
-	}
-	if b, err := os.ReadFile(filepath.Join(root, "c1", "checkpoint", "pages-1.img")); err != nil || !bytes.Equal(b, data) {
-		t.Fatalf("the move's page image not adopted intact: %v", err)
-	}
+	sendMoveCheckpoint(t, addr, out, root, ps, data)
 }
 
 // TestPageStreamNotDiscardedByStranger: a checkpoint transfer that fails under the move's name
@@ -599,6 +579,14 @@ func TestPageStreamNotDiscardedByStranger(t *testing.T) {
 		t.Fatal("the stranger's checkpoint was kept")
 	}
 
+	sendMoveCheckpoint(t, addr, out, root, ps, data)
+}
+
+// sendMoveCheckpoint sends checkpoint c1 in copy mode (no page images, its manifest naming page
+// stream ps) to the receiver at addr (root, results on out), and checks that both the checkpoint
+// and its page stream end well and that the page image adopted is data.
+func sendMoveCheckpoint(t *testing.T, addr string, out <-chan outcome, root string, ps checkpoint.PageStream, data []byte) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "c1")
 	makeCheckpoint(t, dir, 64<<10)
 	for _, p := range []string{"pages-1.img", "pages-2.img"} {
@@ -610,7 +598,7 @@ func TestPageStreamNotDiscardedByStranger(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := Send(context.Background(), dial(t, addr), dir, "c1", nil); err != nil {
-		t.Fatalf("the move's checkpoint after a stranger's failed one: %v", err)
+		t.Fatalf("the move's checkpoint: %v", err)
 	}
 	for range 2 {
 		if o := wait(t, out); o.err != nil {
