@@ -650,14 +650,7 @@ func TestReadProcessesSeccompTSync(t *testing.T) {
 		{"seccomp-mixed", []privilege.SeccompMode{privilege.SeccompFilter, privilege.SeccompDisabled, privilege.SeccompFilter, privilege.SeccompFilter, privilege.SeccompFilter}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
-			ps, err := ReadProcesses(filepath.Join("testdata", "images", tc.dir))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []privilege.SeccompMode
-			for _, p := range ps {
-				got = append(got, p.Seccomp)
-			}
+			got := seccompModes(t, filepath.Join("testdata", "images", tc.dir))
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("seccomp by thread = %v, want %v", got, tc.want)
 			}
@@ -768,14 +761,7 @@ func TestSeccompAsCRIURestoresIt(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			ps, err := ReadProcesses(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var modes []privilege.SeccompMode
-			for _, p := range ps {
-				modes = append(modes, p.Seccomp)
-			}
+			modes := seccompModes(t, dir)
 			if !slices.Equal(modes, tc.wantModes) {
 				t.Errorf("modes %v, want %v", modes, tc.wantModes)
 			}
@@ -820,4 +806,18 @@ func TestReadSeccompChains(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seccompModes is the seccomp mode of every thread ReadProcesses reads from dir, in its order.
+func seccompModes(t *testing.T, dir string) []privilege.SeccompMode {
+	t.Helper()
+	ps, err := ReadProcesses(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var modes []privilege.SeccompMode
+	for _, p := range ps {
+		modes = append(modes, p.Seccomp)
+	}
+	return modes
 }
