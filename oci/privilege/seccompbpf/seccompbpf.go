@@ -624,6 +624,8 @@ type Violation struct {
 	When string
 }
 
+// String is the violation in one line: the system call, both actions and the argument
+// constraints under which they differ.
 func (v Violation) String() string {
 	s := fmt.Sprintf("%s system call %d: %s where the profile gives %s", v.Arch, v.Nr, v.Have, v.Want)
 	if v.When != "" {
@@ -641,6 +643,7 @@ type Error struct {
 // maxViolations bounds the violations an Error lists.
 const maxViolations = 5
 
+// Error is ErrMorePermissive's text and the violations, "; "-separated (Violation.String).
 func (e *Error) Error() string {
 	var parts []string
 	for _, v := range e.Violations {
