@@ -8,10 +8,12 @@ OUT := _output
 # the tests' own builds (test/node), inherit it.
 export GOFLAGS := -tags=seccomp
 GOTEST_FLAGS ?= -count=1 -timeout 40m
-# staticcheck (honnef.co/go/tools): built from the Go module proxy into _output/tools, one
-# directory per version, so a version change installs the new one and an unchanged one is kept.
+# staticcheck (honnef.co/go/tools): built from the Go module proxy into the per-user cache the
+# stack uses (BERTH_CACHE), one directory per version, so a version change installs the new one
+# and every clone shares an unchanged one.
+BERTH_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/berth
 STATICCHECK_VERSION := v0.8.2
-STATICCHECK := $(CURDIR)/$(OUT)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+STATICCHECK := $(BERTH_CACHE)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
 .PHONY: all deps deps-k8s build demo demo-k8s test bench vet lint clean gpu-check-bundle
 
