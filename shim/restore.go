@@ -125,6 +125,9 @@ func (s *Service) prepareContainerdRestore(ctx context.Context, r *taskAPI.Creat
 			plan.cleanup()
 		}
 	}()
+	if err := checkContainerdSpec(r.Bundle, spec); err != nil {
+		return nil, err
+	}
 	if err := plan.hold(""); err != nil {
 		return nil, err
 	}
@@ -603,4 +606,29 @@ func fdPath(pid string, f *os.File) string {
 		return ""
 	}
 	return "/proc/" + pid + "/fd/" + strconv.Itoa(int(f.Fd()))
+}
+
+// checkContainerdSpec refuses, for a restore of a checkpoint containerd passes, the parts of
+// spec that would act as root on this node outside the container and that no signature covers
+// (ctr containers restore takes the spec from containerd's checkpoint image): an
+// org.criu.config annotation naming any file but the shim's own in bundle (CRIU, root, would
+// read its libdir or action-script), and a root.path other than the bundle's rootfs (runc gives
+// it to CRIU as the restored tree's root). Errors wrap privilege.ErrExceedsSpec.
+func checkContainerdSpec(bundle string, spec *specs.Spec) error {
+	if cur, ok := spec.Annotations[oci.AnnotationCRIUConfig]; ok && cur != filepath.Join(bundle, criuConfigName) {
+		return fmt.Errorf("%w: the spec's %s annotation names %s, not the shim's own CRIU configuration: CRIU would read it as root on this node (remove the annotation; set criu_options in %s instead)",
+			privilege.ErrExceedsSpec, oci.AnnotationCRIUConfig, quote(cur), "the shim's configuration")
+	}
+	if spec.Root == nil {
+		return nil // runc refuses a spec without a root
+	}
+	root := spec.Root.Path
+	if !filepath.IsAbs(root) {
+		root = filepath.Join(bundle, root)
+	}
+	if filepath.Clean(root) != filepath.Join(bundle, "rootfs") {
+		return fmt.Errorf("%w: the spec's root.path is %s, not the bundle's rootfs: the restored processes would see it as /",
+			privilege.ErrExceedsSpec, quote(spec.Root.Path))
+	}
+	return nil
 }

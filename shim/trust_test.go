@@ -637,3 +637,34 @@ func TestRootfsDiffOf(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckContainerdSpec: the spec of a containerd-passed restore may not point CRIU at a
+// configuration of its own or the restored tree at another root.
+func TestCheckContainerdSpec(t *testing.T) {
+	bundle := "/run/containerd/io.containerd.runtime.v2.task/default/c1"
+	for _, tc := range []struct {
+		name string
+		ann  map[string]string
+		root string
+		want string // "" when allowed
+	}{
+		{"containerd's spec", nil, "rootfs", ""},
+		{"the shim's own CRIU config", map[string]string{oci.AnnotationCRIUConfig: bundle + "/" + criuConfigName}, bundle + "/rootfs", ""},
+		{"a CRIU config from the image", map[string]string{oci.AnnotationCRIUConfig: bundle + "/rootfs/etc/evil.conf"}, "rootfs", "evil.conf"},
+		{"the host's root", nil, "/", "root.path"},
+		{"a root beside the bundle", nil, "rootfs/../../other/rootfs", "root.path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkContainerdSpec(bundle, &specs.Spec{Annotations: tc.ann, Root: &specs.Root{Path: tc.root}})
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, privilege.ErrExceedsSpec) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkContainerdSpec = %v, want ErrExceedsSpec naming %q", err, tc.want)
+			}
+		})
+	}
+}
