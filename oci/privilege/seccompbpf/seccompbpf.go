@@ -269,10 +269,18 @@ type leaf struct {
 // maxSteps bounds the instructions one exploration may run, over all its paths.
 const maxSteps = 1 << 20
 
+// maxCompareSteps bounds the instructions one Compare runs over all its explorations: a chain
+// of many small filters that each fork on many argument bits would otherwise cost hours of a
+// restore's CPU (runc's RuntimeDefault against another compilation of itself takes about
+// 86,000: TestCompareBudget).
+const maxCompareSteps = 1 << 24
+
 // explore follows every path of p for system call nr on architecture arch whose comparisons on
 // arguments agree with given (a comparison given decides is not forked), and calls visit for
 // each path's return; visit returning false stops it. Errors wrap ErrTooComplex.
-func (p Program) explore(arch, nr uint32, given []cons, visit func(leaf) bool) error {
+// budget, when not nil, is decremented by every step and ends the exploration with
+// ErrTooComplex at zero.
+func (p Program) explore(arch, nr uint32, given []cons, budget *int, visit func(leaf) bool) error {
 	type state struct {
 		pc   int
 		a, x val
@@ -288,6 +296,11 @@ func (p Program) explore(arch, nr uint32, given []cons, visit func(leaf) bool) e
 		for {
 			if steps++; steps > maxSteps {
 				return fmt.Errorf("%w: more than %d steps for system call %d, arch %#x", ErrTooComplex, maxSteps, nr, arch)
+			}
+			if budget != nil {
+				if *budget--; *budget < 0 {
+					return fmt.Errorf("%w: the comparison ran more than %d steps in all (at system call %d, arch %#x)", ErrTooComplex, maxCompareSteps, nr, arch)
+				}
 			}
 			in := p[s.pc]
 			code := in.Code
@@ -493,7 +506,7 @@ func alu(op uint16, a, b val) val {
 // ActAllow. Errors wrap ErrTooComplex.
 func (p Program) Outcomes(arch, nr uint32) ([]Action, error) {
 	var out []Action
-	err := p.explore(arch, nr, nil, func(l leaf) bool {
+	err := p.explore(arch, nr, nil, nil, func(l leaf) bool {
 		a := l.act
 		if l.unknown {
 			a = ActAllow
@@ -688,9 +701,10 @@ func Compare(chain []Program, profile Program, arches []Arch) error {
 			e.More++
 		}
 	}
+	budget := maxCompareSteps
 	for _, arch := range arches {
 		for n := uint32(0); n < MaxSyscall; n++ {
-			v, ok, err := compareCall(chain, profile, arch.Audit, arch.Base+n)
+			v, ok, err := compareCall(chain, profile, arch.Audit, arch.Base+n, &budget)
 			if err != nil {
 				return err
 			}
@@ -723,12 +737,13 @@ func filterAct(l leaf) Action {
 	return l.act
 }
 
-// compareCall compares the chain with the profile for system call nr on architecture arch; ok is
+// compareCall compares the chain with the profile for system call nr on architecture arch, its
+// explorations drawing on budget (steps left to the whole Compare); ok is
 // false, with the first filter's violation, when no filter of the chain is at most as
 // permissive as the profile on every path.
-func compareCall(chain []Program, profile Program, arch, nr uint32) (Violation, bool, error) {
+func compareCall(chain []Program, profile Program, arch, nr uint32, budget *int) (Violation, bool, error) {
 	var want []Action
-	if err := profile.explore(arch, nr, nil, func(l leaf) bool {
+	if err := profile.explore(arch, nr, nil, budget, func(l leaf) bool {
 		if a := profileAct(l); !slices.Contains(want, a) {
 			want = append(want, a)
 		}
@@ -745,7 +760,7 @@ func compareCall(chain []Program, profile Program, arch, nr uint32) (Violation, 
 	var first Violation
 	for fi, f := range chain {
 		var bad *Violation
-		err := f.explore(arch, nr, nil, func(l leaf) bool {
+		err := f.explore(arch, nr, nil, budget, func(l leaf) bool {
 			have := filterAct(l)
 			if have.rank() <= least.rank() {
 				return true // no more than the profile's most restrictive answer
@@ -755,7 +770,7 @@ func compareCall(chain []Program, profile Program, arch, nr uint32) (Violation, 
 				return false
 			}
 			// the profile decides by argument: follow it under this path's comparisons
-			perr := profile.explore(arch, nr, l.cons, func(pl leaf) bool {
+			perr := profile.explore(arch, nr, l.cons, budget, func(pl leaf) bool {
 				if w := profileAct(pl); have.rank() > w.rank() {
 					bad = &Violation{Have: have, Want: w, When: describe(append(slices.Clone(l.cons), pl.cons[len(l.cons):]...))}
 					return false

@@ -215,3 +215,39 @@ func TestCompareHostilePrefixes(t *testing.T) {
 		t.Errorf("lsh #32: %v, want ErrBadProgram", err)
 	}
 }
+
+// TestCompareBudget: runc's RuntimeDefault against another compilation of itself stays far
+// inside maxCompareSteps, and a chain of filters that each fork on many argument bits is
+// refused as too complex instead of running for hours.
+func TestCompareBudget(t *testing.T) {
+	a, b := load(t, "runtime-default-a.bpf"), load(t, "runtime-default-b.bpf")
+	budget := maxCompareSteps
+	for _, arch := range HostArches() {
+		for n := uint32(0); n < MaxSyscall; n++ {
+			if _, ok, err := compareCall([]Program{a}, b, arch.Audit, arch.Base+n, &budget); err != nil || !ok {
+				t.Fatalf("%s %d: %v %v", arch.Name, n, ok, err)
+			}
+		}
+	}
+	used := maxCompareSteps - budget
+	t.Logf("RuntimeDefault against itself: %d steps of %d", used, maxCompareSteps)
+	if used > maxCompareSteps/8 {
+		t.Errorf("an honest comparison uses %d of %d steps: too little headroom", used, maxCompareSteps)
+	}
+
+	// a filter that tests 15 bits of args[0] one after another, each both ways (2^15 paths, each
+	// within maxSteps alone), and kills on every path: no more permissive than the profile, but
+	// thousands of such explorations would take hours
+	var fork Program
+	fork = append(fork, Inst{Code: clsLD | modeABS | sizeW, K: 16}) // args[0], low word
+	for bit := range 15 { // set: skip the LDX; clear: run it; both go on
+		fork = append(fork, Inst{Code: clsJMP | jmpJSET, K: 1 << bit, Jt: 1}, Inst{Code: clsLDX | modeIMM, K: uint32(bit)})
+	}
+	fork = append(fork, Inst{Code: clsRET, K: uint32(ActKillProcess)})
+	start := time.Now()
+	err := Compare([]Program{fork}, b, HostArches())
+	if !errors.Is(err, ErrTooComplex) {
+		t.Fatalf("Compare of a forking filter = %v, want ErrTooComplex", err)
+	}
+	t.Logf("forking filter refused in %v: %v", time.Since(start).Round(time.Millisecond), err)
+}
