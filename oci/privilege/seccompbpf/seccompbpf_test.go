@@ -240,7 +240,7 @@ func TestCompareBudget(t *testing.T) {
 	// thousands of such explorations would take hours
 	var fork Program
 	fork = append(fork, Inst{Code: clsLD | modeABS | sizeW, K: 16}) // args[0], low word
-	for bit := range 15 { // set: skip the LDX; clear: run it; both go on
+	for bit := range 15 {                                           // set: skip the LDX; clear: run it; both go on
 		fork = append(fork, Inst{Code: clsJMP | jmpJSET, K: 1 << bit, Jt: 1}, Inst{Code: clsLDX | modeIMM, K: uint32(bit)})
 	}
 	fork = append(fork, Inst{Code: clsRET, K: uint32(ActKillProcess)})
