@@ -784,3 +784,33 @@ func TestBodyTrickle(t *testing.T) {
 	}
 	assertRootClean(t, root, "honest")
 }
+
+// burstReader returns one burst of n bytes at once, then waits each time before a single byte.
+type burstReader struct {
+	n    int
+	wait time.Duration
+}
+
+func (b *burstReader) Read(p []byte) (int, error) {
+	if b.n > 0 {
+		k := min(b.n, len(p))
+		b.n -= k
+		return k, nil
+	}
+	time.Sleep(b.wait)
+	return 1, nil
+}
+
+// TestBodyRateAverage: a sender that sends one window's minimum at once and then waits several
+// windows is refused at its next read: the rate is averaged from the body's start.
+func TestBodyRateAverage(t *testing.T) {
+	r := &Receiver{MinBodyRate: 10000, bodyRateWindow: 100 * time.Millisecond} // 1000 bytes a window
+	body := r.rateFloor(&burstReader{n: 1000, wait: 350 * time.Millisecond})
+	buf := make([]byte, 4096)
+	if _, err := body.Read(buf); err != nil {
+		t.Fatalf("the burst: %v", err)
+	}
+	if _, err := body.Read(buf); !errors.Is(err, ErrDeadline) || !strings.Contains(err.Error(), "MinBodyRate") {
+		t.Fatalf("after 3 windows with one window's bytes: %v, want ErrDeadline naming MinBodyRate", err)
+	}
+}

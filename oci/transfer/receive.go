@@ -48,7 +48,8 @@ const (
 	DefaultMaxConns = 4
 	// DefaultMinBodyRate is Receiver.MinBodyRate when zero, in bytes per second.
 	DefaultMinBodyRate = 64 << 10
-	// DefaultBodyRateWindow is the span MinBodyRate is averaged over.
+	// DefaultBodyRateWindow is MinBodyRate's unit of judgement: after w whole windows of the
+	// body, at least w windows' worth of MinBodyRate must have arrived.
 	DefaultBodyRateWindow = 30 * time.Second
 	// DefaultMaxConnsPerPeer is Receiver.MaxConnsPerPeer when zero: a sender holds at most three
 	// connections at once (preflight, checkpoint, page stream).
@@ -119,7 +120,8 @@ type Receiver struct {
 	// holds every slot. 0 means DefaultMaxConnsPerPeer.
 	MaxConnsPerPeer int
 	// MinBodyRate is the slowest a checkpoint's archive body may arrive, in bytes per second,
-	// averaged over each 30 s (DefaultBodyRateWindow): IdleTimeout ends a sender that sends
+	// averaged from its start and judged at each read after the first 30 s
+	// (DefaultBodyRateWindow): IdleTimeout ends a sender that sends
 	// nothing, this one that sends a byte at a time to keep a slot. 0 means DefaultMinBodyRate
 	// (64 KiB/s); a negative value disables it. Page streams are not held to it (CRIU's page
 	// server pauses while CRIU dumps).
@@ -1063,12 +1065,14 @@ func (r *Receiver) rateFloor(body io.Reader) io.Reader {
 	return &floorReader{r: body, window: window, min: int64(float64(rate) * window.Seconds()), start: time.Now()}
 }
 
-// floorReader fails a read that ends a window in which fewer than min bytes arrived, with
-// ErrDeadline: a reader blocked with nothing arriving is IdleTimeout's to end.
+// floorReader fails a read, with ErrDeadline, once fewer bytes have arrived since start than
+// min for each whole window elapsed: the body's average rate from its start, so bursts between
+// long waits cannot keep a slot at a fraction of the rate. A read blocked with nothing arriving
+// is IdleTimeout's to end; the next read after it is judged with the time it waited.
 type floorReader struct {
 	r      io.Reader
 	window time.Duration
-	min    int64
+	min    int64 // bytes per window
 	start  time.Time
 	n      int64
 }
@@ -1076,12 +1080,10 @@ type floorReader struct {
 func (f *floorReader) Read(p []byte) (int, error) {
 	n, err := f.r.Read(p)
 	f.n += int64(n)
-	if now := time.Now(); now.Sub(f.start) >= f.window {
-		if f.n < f.min {
-			return n, fmt.Errorf("%w: %d bytes of the checkpoint arrived in %v, less than MinBodyRate (%d bytes/s): the sender is too slow, or holds the connection open",
-				ErrDeadline, f.n, now.Sub(f.start).Round(time.Millisecond), f.min*int64(time.Second)/int64(f.window))
-		}
-		f.start, f.n = now, 0
+	elapsed := time.Since(f.start)
+	if windows := int64(elapsed / f.window); windows > 0 && f.n < windows*f.min {
+		return n, fmt.Errorf("%w: %d bytes of the checkpoint arrived in %v, less than MinBodyRate (%d bytes/s): the sender is too slow, or holds the connection open",
+			ErrDeadline, f.n, elapsed.Round(time.Millisecond), f.min*int64(time.Second)/int64(f.window))
 	}
 	return n, err
 }
