@@ -99,7 +99,7 @@ var (
 // io.ErrUnexpectedEOF for a cut stream) and r's read errors; write errors under dest. All are
 // wrapped with dest.
 func Extract(r io.Reader, dest string, lim Limits) (retErr error) {
-	return extractTo(r, dest, lim, nil, nil)
+	return extractTo(r, dest, lim, nil, Hooks{})
 }
 
 // Digests maps an extracted file's slash-separated path to "sha256:<hex>" of its content.
@@ -109,22 +109,39 @@ type Digests map[string]string
 // computed while writing: a caller verifying a checkpoint against its manifest
 // (checkpoint.VerifyDigests) need not read the files back. Errors are Extract's.
 func ExtractDigests(r io.Reader, dest string, lim Limits) (Digests, error) {
-	return ExtractDigestsThen(r, dest, lim, nil)
+	return ExtractDigestsThen(r, dest, lim, Hooks{})
 }
 
-// ExtractDigestsThen is ExtractDigests that calls then, when not nil, after each regular file it
-// wrote and before it reads the next entry, with the file's slash-separated path: a receiver can
-// check what the first files say (a signature) before the rest of the stream reaches the disk.
-// An error of then ends the extraction with it (wrapped with dest), dest removed.
-func ExtractDigestsThen(r io.Reader, dest string, lim Limits, then func(name string) error) (Digests, error) {
+// Entry is a tar entry as ExtractDigestsThen's Hooks.Before sees it, before anything of it is
+// written: its cleaned slash-separated path, whether it is a directory, and its size in bytes
+// (0 for a directory).
+type Entry struct {
+	Name string
+	Dir  bool
+	Size int64
+}
+
+// Hooks are the calls ExtractDigestsThen makes while it extracts; a nil one is not called.
+// Before gets each regular file and directory before it is written; After gets each regular
+// file's path once it is written, before the next entry is read. An error of either ends the
+// extraction with it (wrapped with dest), dest removed.
+type Hooks struct {
+	Before func(Entry) error
+	After  func(name string) error
+}
+
+// ExtractDigestsThen is ExtractDigests with hooks h: a receiver can refuse a stream by its first
+// entries' names and sizes, and check what the first files say (a signature), before the rest
+// of the stream reaches the disk.
+func ExtractDigestsThen(r io.Reader, dest string, lim Limits, h Hooks) (Digests, error) {
 	d := Digests{}
-	if err := extractTo(r, dest, lim, d, then); err != nil {
+	if err := extractTo(r, dest, lim, d, h); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-func extractTo(r io.Reader, dest string, lim Limits, digests Digests, then func(name string) error) (retErr error) {
+func extractTo(r io.Reader, dest string, lim Limits, digests Digests, h Hooks) (retErr error) {
 	lim = lim.WithDefaults()
 	if err := os.Mkdir(dest, 0o700); err != nil {
 		return fmt.Errorf("extract: %w", err)
@@ -141,13 +158,13 @@ func extractTo(r io.Reader, dest string, lim Limits, digests Digests, then func(
 		return fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
-	if err := extract(r, root, lim, digests, then); err != nil {
+	if err := extract(r, root, lim, digests, h); err != nil {
 		return fmt.Errorf("extract to %s: %w", dest, err)
 	}
 	return nil
 }
 
-func extract(r io.Reader, root *os.Root, lim Limits, digests Digests, after func(string) error) error {
+func extract(r io.Reader, root *os.Root, lim Limits, digests Digests, h Hooks) error {
 	tr := tar.NewReader(r)
 	buf := make([]byte, copyBufferSize)
 	var entries int
@@ -181,6 +198,15 @@ func extract(r io.Reader, root *os.Root, lim Limits, digests Digests, after func
 			continue
 		}
 
+		if h.Before != nil {
+			e := Entry{Name: name, Dir: hdr.Typeflag == tar.TypeDir}
+			if !e.Dir {
+				e.Size = hdr.Size
+			}
+			if err := h.Before(e); err != nil {
+				return err
+			}
+		}
 		if hdr.Typeflag == tar.TypeDir {
 			if err := makeDir(root, name); err != nil {
 				return fmt.Errorf("entry %q: %w", hdr.Name, err)
@@ -197,8 +223,8 @@ func extract(r io.Reader, root *os.Root, lim Limits, digests Digests, after func
 		if err := writeEntry(root, name, tr, hdr.Size, buf, digests); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
-		if after != nil {
-			if err := after(name); err != nil {
+		if h.After != nil {
+			if err := h.After(name); err != nil {
 				return err
 			}
 		}

@@ -709,7 +709,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 		// room for a berth.sig beside berth.json; an extra file of any other name is refused by
 		// the verification
 		// (content + the smaller of the two cannot overflow: it is at most hdr.TotalBytes)
-		lim.MaxTotalBytes = content + min(int64(len(hdr.Manifest))/3*4+signatureSlack, hdr.TotalBytes-content)
+		lim.MaxTotalBytes = content + min(sigAllowance(len(hdr.Manifest)), hdr.TotalBytes-content)
 	}
 
 	if r.Root == "" {
@@ -749,7 +749,7 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	}()
 
 	cr := &countingReader{r: r.rateFloor(io.LimitReader(br, hdr.TotalBytes)), n: &slot.written}
-	digests, err := archive.ExtractDigestsThen(cr, staging, lim, r.signatureFirst(ctx, filepath.Join(staging, signed), signed))
+	digests, err := archive.ExtractDigestsThen(cr, staging, lim, r.signatureFirst(ctx, filepath.Join(staging, signed), signed, int64(len(hdr.Manifest)), sigAllowance(len(hdr.Manifest))))
 	if err != nil {
 		return "", false, fmt.Errorf("receive %s: %w", name, err)
 	}
@@ -830,29 +830,42 @@ func (r *Receiver) receive(ctx context.Context, br *bufio.Reader, ir *idleReader
 	return final, drained, nil
 }
 
-// signatureFirst returns the extraction hook that calls VerifySignature on the staged signed
+// signatureFirst returns the extraction hooks that call VerifySignature on the staged signed
 // directory (signed: its path relative to the checkpoint, "." or checkpoint.ImagesDir) as soon
 // as its berth.json and berth.sig are both written, or once another file follows berth.json
 // without a berth.sig (berth's archives carry the two first): a stream that no trusted key
-// signed is refused before its bulk reaches the disk. In berth's own layout (signed ".") a
-// stream whose first file is not berth.json is refused with ErrProtocol. nil without
-// VerifySignature.
-func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string) func(string) error {
+// signed is refused before its bulk reaches the disk. In berth's own layout (signed ".") the
+// stream's first entry must be berth.json of manifestLen bytes (the header's), and a berth.sig
+// after it at most sigMax bytes, or the stream is refused with ErrProtocol before that entry is
+// written. No hooks without VerifySignature.
+func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string, manifestLen, sigMax int64) archive.Hooks {
 	if r.VerifySignature == nil {
-		return nil
+		return archive.Hooks{}
 	}
 	manifest := path.Join(signed, checkpoint.ManifestFile)
 	sig := path.Join(signed, checkpoint.SignatureFile)
 	var haveManifest, haveSig, checked bool
-	return func(name string) error {
-		if checked {
+	var entries int
+	before := func(e archive.Entry) error {
+		if entries++; checked || signed != "." {
 			return nil
 		}
-		if signed == "." && !haveManifest && name != manifest {
-			// berth's own layout: berth.json is the first file; a stream that puts it later
+		switch {
+		case entries == 1 && (e.Name != manifest || e.Dir):
+			// berth's own layout: berth.json is the first entry; a stream that puts it later
 			// would have everything else written before its signature is read
-			return fmt.Errorf("%w: %s is the stream's first file, not %s: berth's archives carry %s and %s first; refused before the rest was written",
-				ErrProtocol, quote.Value(name), manifest, manifest, sig)
+			return fmt.Errorf("%w: %s is the stream's first entry, not %s: berth's archives carry %s and %s first; refused before it was written",
+				ErrProtocol, quote.Value(e.Name), manifest, manifest, sig)
+		case entries == 1 && e.Size != manifestLen:
+			return fmt.Errorf("%w: %s in the stream is %d bytes, the header's %d", ErrProtocol, manifest, e.Size, manifestLen)
+		case e.Name == sig && e.Size > sigMax:
+			return fmt.Errorf("%w: %s is %d bytes, more than a signature's %d", ErrProtocol, sig, e.Size, sigMax)
+		}
+		return nil
+	}
+	after := func(name string) error {
+		if checked {
+			return nil
 		}
 		switch name {
 		case manifest:
@@ -869,6 +882,13 @@ func (r *Receiver) signatureFirst(ctx context.Context, dir, signed string) func(
 		}
 		return nil
 	}
+	return archive.Hooks{Before: before, After: after}
+}
+
+// sigAllowance is the most bytes a berth.sig beside a berth.json of manifestLen bytes may have:
+// signatureSlack and 4/3 of the manifest (a signature envelope carries it base64-encoded).
+func sigAllowance(manifestLen int) int64 {
+	return int64(manifestLen)/3*4 + signatureSlack
 }
 
 // tlsHandshakeRecord is the first byte of a TLS connection (a handshake record: ClientHello).

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -761,8 +762,8 @@ func TestSignatureLast(t *testing.T) {
 	hdr := header{Magic: Magic, Name: "late", TotalBytes: int64(buf.Len()), Manifest: raw}
 	_, _ = sendStream(context.Background(), dial(t, addr), hdr, bytesTo(buf.Bytes()), nil)
 	o := wait(t, out)
-	if !errors.Is(o.err, ErrProtocol) || !strings.Contains(o.err.Error(), "first file") {
-		t.Fatalf("receiver: %v, want ErrProtocol naming the first file", o.err)
+	if !errors.Is(o.err, ErrProtocol) || !strings.Contains(o.err.Error(), "first entry") {
+		t.Fatalf("receiver: %v, want ErrProtocol naming the first entry", o.err)
 	}
 	if called {
 		t.Error("VerifySignature ran: the stream was read past its first file")
@@ -776,4 +777,36 @@ type bytesTo []byte
 func (b bytesTo) WriteTo(w io.Writer) (int64, error) {
 	n, err := w.Write(b)
 	return int64(n), err
+}
+
+// TestFirstEntrySized: a stream whose first entry is berth.json, but larger than the header's,
+// is refused before that entry is written.
+func TestFirstEntrySized(t *testing.T) {
+	root := t.TempDir()
+	addr, out := startReceiver(t, &Receiver{Root: root, NoSync: true,
+		VerifySignature: func(context.Context, string) error { return nil }})
+	src := filepath.Join(t.TempDir(), "c")
+	makeCheckpoint(t, src, 1<<20)
+	raw, err := os.ReadFile(filepath.Join(src, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := append(slices.Clone(raw), bytes.Repeat([]byte(" "), 1<<20)...)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: checkpoint.ManifestFile, Mode: 0o600, Size: int64(len(big)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hdr := header{Magic: Magic, Name: "big", TotalBytes: int64(buf.Len()), Manifest: raw}
+	_, _ = sendStream(context.Background(), dial(t, addr), hdr, bytesTo(buf.Bytes()), nil)
+	if o := wait(t, out); !errors.Is(o.err, ErrProtocol) || !strings.Contains(o.err.Error(), "the header's") {
+		t.Fatalf("receiver: %v, want ErrProtocol: berth.json larger than the header's", o.err)
+	}
+	assertRootClean(t, root)
 }
