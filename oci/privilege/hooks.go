@@ -17,6 +17,8 @@ type Hook struct {
 	Path string   `json:"path"`
 	Args []string `json:"args,omitempty"`
 	Env  []string `json:"env,omitempty"`
+	// Timeout is the hook's timeout in seconds; nil for none.
+	Timeout *int `json:"timeout,omitempty"`
 }
 
 // String is the hook as one line: its kind, path and arguments (not its environment).
@@ -32,7 +34,7 @@ func HooksOf(s *specs.Spec) []Hook {
 	var hs []Hook
 	add := func(kind string, list []specs.Hook) {
 		for _, h := range list {
-			hs = append(hs, Hook{Kind: kind, Path: h.Path, Args: slices.Clone(h.Args), Env: slices.Clone(h.Env)})
+			hs = append(hs, Hook{Kind: kind, Path: h.Path, Args: slices.Clone(h.Args), Env: slices.Clone(h.Env), Timeout: h.Timeout})
 		}
 	}
 	//lint:ignore SA1019 runc still runs prestart hooks: a restore spec may carry them
@@ -46,19 +48,25 @@ func HooksOf(s *specs.Spec) []Hook {
 }
 
 // CheckHooks returns nil when every hook dst runs is one of src (the hooks the source
-// container's spec ran, recorded in the signed manifest): same kind, path, arguments and
-// environment. Otherwise it returns an *Error (wrapping ErrExceedsSpec) with a Violation per
-// hook src does not record. It is for a restore whose spec may come from the checkpoint itself
-// (containerd's ctr containers restore takes the spec from the checkpoint image, which no
-// berth signature covers): a hook there would run as root on this node.
+// container's spec ran, recorded in the signed manifest): same kind, path, arguments,
+// environment and timeout, each recorded hook matching at most one of dst's. Otherwise it
+// returns an *Error (wrapping ErrExceedsSpec) with a Violation per hook src does not record. It
+// is for a restore whose spec may come from the checkpoint itself (containerd's ctr containers
+// restore takes the spec from the checkpoint image, which no berth signature covers): a hook
+// there would run as root on this node.
 func CheckHooks(src []Hook, dst *specs.Spec) error {
+	left := slices.Clone(src)
 	var vs []Violation
 	for _, h := range HooksOf(dst) {
-		if !slices.ContainsFunc(src, func(s Hook) bool {
-			return s.Kind == h.Kind && s.Path == h.Path && slices.Equal(s.Args, h.Args) && slices.Equal(s.Env, h.Env)
-		}) {
+		i := slices.IndexFunc(left, func(s Hook) bool {
+			return s.Kind == h.Kind && s.Path == h.Path && slices.Equal(s.Args, h.Args) && slices.Equal(s.Env, h.Env) &&
+				(s.Timeout == nil) == (h.Timeout == nil) && (s.Timeout == nil || *s.Timeout == *h.Timeout)
+		})
+		if i < 0 {
 			vs = append(vs, Violation{Subject: "restore spec", Field: "hook", Have: h.String(), Grant: "not in the signed source spec"})
+			continue
 		}
+		left = slices.Delete(left, i, i+1)
 	}
 	if len(vs) == 0 {
 		return nil

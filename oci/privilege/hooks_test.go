@@ -21,6 +21,8 @@ func TestCheckHooks(t *testing.T) {
 		{"a hook the source did not run", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id"}}}}, "createRuntime /bin/sh -c id"},
 		{"the same path at another time", &specs.Hooks{Poststart: []specs.Hook{ldcache}}, "poststart /usr/bin/nvidia-cdi-hook"},
 		{"other arguments", &specs.Hooks{CreateContainer: []specs.Hook{{Path: ldcache.Path, Args: []string{"nvidia-cdi-hook", "update-ldcache", "--folder", "/tmp"}}}}, "--folder /tmp"},
+		{"the source's hook twice", &specs.Hooks{CreateContainer: []specs.Hook{ldcache, ldcache}}, "update-ldcache"},
+		{"the source's hook with another timeout", &specs.Hooks{CreateContainer: []specs.Hook{{Path: ldcache.Path, Args: ldcache.Args, Timeout: new(int)}}}, "update-ldcache"},
 		{"an added environment", &specs.Hooks{CreateContainer: []specs.Hook{{Path: ldcache.Path, Args: ldcache.Args, Env: []string{"LD_PRELOAD=/tmp/x.so"}}}}, "hook"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
